@@ -1,0 +1,45 @@
+"""Global residual collection (GRES, the paper's Algorithm 1).
+
+The new residual of worker ``w`` is ``g_w = x_w + r_w`` everywhere except at the indices of
+the final global result, where it is what ``w`` discarded there (its in-procedure residual
+``xi``). In SRS, ``xi`` of a block is its content at the time it was sparsified minus what
+was selected, so at a result index ``i``: ``xi_w[i] = 0`` if ``w`` selected ``i``, else the
+buffer value (``g_w[i]`` plus what ``w`` received there). Hence
+``sum_w residual_w + P * result = sum_w g_w``: no gradient mass is lost or duplicated.
+
+The residual is built in place from the SRS buffer: receipts at non-result indices are
+undone by writing back the values logged before each receipt (newest first), and selected
+result indices are zeroed. Only sparse writes touch the dense buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from spardl_jax.srs import Receipt
+
+
+def collect_residuals(buf: jax.Array, in_result: jax.Array, receipts: Sequence[Receipt],
+                      selected: jax.Array) -> jax.Array:
+  """The worker's new residual, in the flat layout of its block buffer.
+
+  Args:
+    buf: ``(size,)`` flat block buffer after SRS (``g`` plus everything received).
+    in_result: ``(size,)`` bool, True at indices of the final global result.
+    receipts: the SRS receipts in step order.
+    selected: ``(s,)`` int32 flat positions this worker selected (sent or kept).
+
+  Returns:
+    ``(size,)`` the residual, same dtype as ``buf``.
+  """
+  size = buf.shape[0]
+  res = buf
+  for receipt in reversed(receipts):
+    # Indices of the result keep the received mass (it is this worker's xi there).
+    drop = jnp.where(in_result[receipt.positions], size, receipt.positions)
+    res = res.at[drop].set(receipt.before, mode="drop")
+  zero = jnp.where(in_result[selected], selected, size)
+  return res.at[zero].set(0, mode="drop")

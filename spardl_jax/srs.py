@@ -1,0 +1,92 @@
+"""Spar-Reduce-Scatter (SRS): the reduce-scatter half of SparDL, inside one team.
+
+Executes :func:`spardl_jax.schedule.srs_schedule` with ``jax.lax.ppermute``: at each step a
+worker sparsifies the blocks of its bag right before sending them (the paper's optimised
+SRS), sends them as one packed message, and adds what it receives into its dense buffer.
+After the last step it holds the summed block of its own rank and selects its top-kb.
+
+Everything a worker selected or received is logged, so that global residual collection
+(:mod:`spardl_jax.gres`) can rebuild its residual without keeping a second dense buffer.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from spardl_jax import messages, schedule, topk
+
+
+class Receipt(NamedTuple):
+  """Pairs a worker received in one SRS step, at flat positions of its block buffer.
+
+  Attributes:
+    positions: ``(L * kb,)`` int32 flat positions ``row * mc + offset`` in the buffer.
+    before: ``(L * kb,)`` the buffer's values there just before the receipt was added.
+  """
+
+  positions: jax.Array
+  before: jax.Array
+
+
+class SRSResult(NamedTuple):
+  """What SRS leaves on a worker.
+
+  Attributes:
+    buf: ``(q, mc)`` dense block buffer: ``g`` plus everything received.
+    receipts: one :class:`Receipt` per SRS step, in step order.
+    selected: ``(q * kb,)`` int32 flat positions of every entry this worker selected (sent
+      blocks and its own block): its in-procedure residual is 0 there.
+    offsets: ``(1, kb)`` int32 offsets selected in the worker's own (summed) block.
+    values: ``(1, kb)`` their values.
+  """
+
+  buf: jax.Array
+  receipts: list[Receipt]
+  selected: jax.Array
+  offsets: jax.Array
+  values: jax.Array
+
+
+def _flat(rows: jax.Array, offsets: jax.Array, mc: int) -> jax.Array:
+  return (rows[:, None] * mc + offsets).reshape(-1)
+
+
+def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
+                        p: int, axis_name) -> SRSResult:
+  """Runs SRS on one worker of a team of ``q = buf.shape[0]`` workers.
+
+  Args:
+    buf: ``(q, mc)`` the worker's ``g = x + residual`` in global block order (row ``b`` is
+      block ``b``), zero-padded; any float dtype.
+    kb: entries kept per block.
+    chunk: chunk length for :func:`spardl_jax.topk.block_topk`.
+    rank: int32 scalar, this worker's rank inside its team.
+    p: number of workers on ``axis_name`` (a multiple of ``q``).
+    axis_name: the mesh axis.
+  """
+  q, mc = buf.shape
+  receipts, selected = [], []
+  for st in schedule.srs_schedule(q):
+    # The rotated frame: position j of this worker is global block (rank + j) mod q.
+    bag = (rank + jnp.arange(st.start, st.stop, dtype=jnp.int32)) % q
+    offsets, values = topk.block_topk(buf, bag, kb, chunk)
+    selected.append(_flat(bag, offsets, mc))
+    message = jax.lax.ppermute(messages.pack(offsets, values), axis_name,
+                               perm=schedule.team_permutation(p, q, st.shift))
+    offsets, values = messages.unpack(message, kb, buf.dtype)
+    rows = (rank + jnp.arange(st.size, dtype=jnp.int32)) % q
+    positions = _flat(rows, offsets, mc)
+    flat = buf.reshape(-1)
+    before = flat[positions]
+    receipts.append(Receipt(positions, before))
+    # A set of `before + value` (not an add) orders the scatter after the read of `before`,
+    # so XLA updates the buffer in place instead of copying it. Positions never repeat.
+    buf = flat.at[positions].set(before + values.reshape(-1),
+                                 unique_indices=True).reshape(q, mc)
+  own = rank[None]
+  offsets, values = topk.block_topk(buf, own, kb, chunk)
+  selected.append(_flat(own, offsets, mc))
+  return SRSResult(buf, receipts, jnp.concatenate(selected), offsets, values)

@@ -1,0 +1,127 @@
+"""Exact block-wise top-k selection, fast on CPU.
+
+Every SparDL selection keeps the ``kb`` entries of a block with the largest ``|value|``, ties
+going to the lower index (``docs/DESIGN.md``). ``lax.top_k`` does this but, on XLA:CPU, pays
+about 0.7 us per *selected* entry to sort its output (measured: 126 ms for 8 blocks of 1.84M
+entries keeping 1 %, 21 ms keeping 100). SparDL needs neither sorted output nor ``top_k``:
+
+* **Threshold selection** (:func:`select`): bisection on the int32 bits of ``|value|`` (a
+  monotone integer key for non-negative floats) finds the exact ``kb``-th largest key ``t``
+  in 31 vectorised counting passes; entries above ``t`` are kept, entries equal to ``t`` in
+  index order until ``kb`` are kept, and a prefix sum + scatter compacts them, in ascending
+  offset order.
+* **Two stages** (:func:`block_topk`): each block is cut into chunks of ``c`` entries; stage 1
+  selects the ``kb`` best chunks by their maximum, stage 2 selects ``kb`` entries among those
+  chunks only. Exact: order entries by (key desc, index asc); a chunk holding one of the top
+  ``kb`` entries has its best entry among them, so at most ``kb - 1`` chunks rank before it.
+  With ``c ~ sqrt(m / kb)`` both stages see about ``sqrt(density) m`` keys instead of ``m``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+# Below this chunk size two stages save less than they cost.
+_MIN_CHUNK = 4
+_KEY_BITS = 31  # non-negative float32 keys fit in 31 bits
+
+
+def chunk_size(m: int, kb: int) -> int:
+  """Chunk length ``c`` for blocks of ``m`` entries keeping ``kb``: 1 means one stage.
+
+  Prefers a divisor of ``m`` near the optimum ``sqrt(m / kb)`` so no padding is needed.
+  """
+  best = math.sqrt(m / kb)
+  if best < _MIN_CHUNK:
+    return 1
+  lo, hi = max(_MIN_CHUNK, int(best / 2)), int(best * 2)
+  divisors = [c for c in range(lo, hi + 1) if m % c == 0]
+  if divisors:
+    return min(divisors, key=lambda c: abs(math.log(c / best)))
+  return round(best)
+
+
+def keys(values: jax.Array) -> jax.Array:
+  """int32 selection keys: the float32 bits of ``|values|``, ordered like ``|values|``.
+
+  NaN ranks above inf (as in ``lax.top_k``); ``-0.0`` and ``0.0`` tie.
+  """
+  return jax.lax.bitcast_convert_type(jnp.abs(values).astype(jnp.float32), jnp.int32)
+
+
+def _kth_largest(k_: jax.Array, k: int) -> jax.Array:
+  """``(L,)``: the ``k``-th largest key of each row of ``k_`` ``(L, N)`` (exact bisection)."""
+  def halve(_, bounds):
+    lo, hi = bounds  # invariant: count(keys >= lo) >= k > count(keys > hi)
+    mid = hi - (hi - lo) // 2  # upper middle, no int32 overflow
+    enough = jnp.sum(k_ >= mid[:, None], axis=1, dtype=jnp.int32) >= k
+    return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid - 1)
+
+  # `*_like` keeps the keys' shard_map type (varying over the mesh axis) in the loop carry.
+  bounds = (jnp.zeros_like(k_[:, 0]), jnp.full_like(k_[:, 0], 2**_KEY_BITS - 1))
+  return jax.lax.fori_loop(0, _KEY_BITS, halve, bounds)[0]
+
+
+def _compact(take: jax.Array, k: int) -> jax.Array:
+  """Positions of the ``k`` True entries of each row of ``take`` ``(L, N)``, ascending."""
+  rows, n = take.shape
+  slot = jnp.where(take, jnp.cumsum(take, axis=1, dtype=jnp.int32) - 1, k)
+  flat = (slot + jnp.arange(rows, dtype=jnp.int32)[:, None] * (k + 1)).reshape(-1)
+  source = jnp.tile(jnp.arange(n, dtype=jnp.int32), rows)
+  out = jnp.zeros((rows * (k + 1),), jnp.int32).at[flat].set(source, mode="drop")
+  return out.reshape(rows, k + 1)[:, :k]
+
+
+def select(k_: jax.Array, k: int) -> jax.Array:
+  """Exact top-``k`` of each row of int32 keys ``(L, N)``, ties to the lower position.
+
+  Returns:
+    ``(L, k)`` int32 positions in ascending order.
+  """
+  t = _kth_largest(k_, k)[:, None]
+  above = k_ > t
+  at_least = k_ >= t
+
+  def ties_in_index_order():
+    tied = at_least & ~above
+    need = k - jnp.sum(above, axis=1, keepdims=True, dtype=jnp.int32)
+    return above | (tied & (jnp.cumsum(tied, axis=1, dtype=jnp.int32) <= need))
+
+  # Usually every entry equal to t is kept; only then can one prefix sum be skipped.
+  crowded = jnp.any(jnp.sum(at_least, axis=1, dtype=jnp.int32) > k)
+  take = jax.lax.cond(crowded, ties_in_index_order, lambda: at_least)
+  return _compact(take, k)
+
+
+def block_topk(buf: jax.Array, rows: jax.Array, kb: int,
+               chunk: int) -> tuple[jax.Array, jax.Array]:
+  """Top-``kb`` entries by ``|value|`` (ties to the lower offset) of some block rows.
+
+  Args:
+    buf: ``(q, mc)`` block buffer, any float dtype; ``mc`` a multiple of ``chunk``. Entries
+      past the block length are zero padding: they never win, since a real entry of equal
+      key has a lower offset and ``kb`` never exceeds the block length.
+    rows: ``(L,)`` int32 rows to select from.
+    kb: entries to keep per row (static).
+    chunk: chunk length ``c`` from :func:`chunk_size` (static).
+
+  Returns:
+    ``(offsets, values)``: ``(L, kb)`` int32 offsets inside each row, ascending, and the
+    ``(L, kb)`` values there, in ``buf``'s dtype.
+  """
+  q, mc = buf.shape
+  blocks = buf[rows]  # (L, mc)
+  if chunk == 1:
+    offsets = select(keys(blocks), kb)
+    return offsets, jnp.take_along_axis(blocks, offsets, axis=1)
+  nc = mc // chunk
+  chunked = blocks.reshape(-1, nc, chunk)
+  kc = min(kb, nc)
+  chunks = select(keys(chunked).max(axis=-1), kc)  # (L, kc), ascending
+  entries = jnp.take_along_axis(chunked, chunks[:, :, None], axis=1).reshape(-1, kc * chunk)
+  pos = select(keys(entries), kb)
+  offsets = jnp.take_along_axis(chunks, pos // chunk, axis=1) * chunk + pos % chunk
+  return offsets, jnp.take_along_axis(entries, pos, axis=1)
