@@ -1,0 +1,46 @@
+"""Runs spardl_allreduce on P simulated devices and brings the per-device results home."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import spardl_jax as sj
+
+AXIS = "data"
+
+
+def mesh(p):
+  return jax.make_mesh((p,), (AXIS,), devices=jax.devices()[:p],
+                       axis_types=(jax.sharding.AxisType.Explicit,))
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(p, config):
+  """jit(shard_map(spardl_allreduce)) taking (P, n) gradients and residuals."""
+
+  def step(x, r):
+    y, state = sj.spardl_allreduce(x[0], sj.SparDLState(r[0]), config, axis_name=AXIS)
+    return y[None], state.residual[None]
+
+  return jax.jit(jax.shard_map(step, mesh=mesh(p), in_specs=(P(AXIS), P(AXIS)),
+                               out_specs=(P(AXIS), P(AXIS))))
+
+
+def put(p, a):
+  return jax.device_put(jnp.asarray(a), NamedSharding(mesh(p), P(AXIS)))
+
+
+def run(xs, rs, config):
+  """Returns (ys, new_rs) as NumPy arrays of shape (P, n): every device's y and residual."""
+  p = xs.shape[0]
+  ys, new_rs = jax.block_until_ready(compiled(p, config)(put(p, xs), put(p, rs)))
+  return np.asarray(ys), np.asarray(new_rs)
+
+
+def hlo_text(p, n, config, dtype=jnp.float32):
+  spec = jax.ShapeDtypeStruct((p, n), dtype, sharding=NamedSharding(mesh(p), P(AXIS)))
+  return compiled(p, config).lower(spec, spec).compile().as_text()

@@ -1,0 +1,114 @@
+"""SparDL all-reduce (d = 1) against the NumPy model, pmean, and its invariants."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import spardl_jax as sj
+from tests import harness, reference
+
+WORKERS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]
+DENSITIES = [1.0, 0.3, 0.01]
+
+
+def gradients(rng, p, n, heavy_tails=False):
+  x = rng.standard_normal((p, n)).astype(np.float32)
+  if heavy_tails:
+    x *= rng.exponential(size=(p, n)).astype(np.float32) ** 3
+  return x
+
+
+def assert_conserved(xs, rs, ys, new_rs):
+  p = xs.shape[0]
+  total_in = (xs.astype(np.float64) + rs).sum(0)
+  total_out = new_rs.astype(np.float64).sum(0) + p * ys[0].astype(np.float64)
+  scale = np.abs(xs).sum(0) + np.abs(rs).sum(0) + 1
+  np.testing.assert_array_less(np.abs(total_out - total_in), 1e-5 * scale)
+
+
+@pytest.mark.parametrize("density", DENSITIES)
+@pytest.mark.parametrize("p", WORKERS)
+def test_matches_numpy_model_over_iterations(p, density):
+  n = 1237 if p != 4 else 5003  # not divisible by p; 5003 also exercises two-stage top-k
+  config = sj.SparDLConfig(density=density)
+  rng = np.random.default_rng(p * 100 + int(density * 100))
+  rs = np.zeros((p, n), np.float32)
+  for it in range(3):
+    xs = gradients(rng, p, n, heavy_tails=it == 1)
+    want_y, want_rs = reference.spardl(xs, rs, density)
+    ys, new_rs = harness.run(xs, rs, config)
+    np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))  # bit-identical
+    np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(new_rs, want_rs, rtol=1e-6, atol=1e-6)
+    assert_conserved(xs, rs, ys, new_rs)
+    if density < 1:
+      m, kb = reference.layout(n, p, density)
+      assert np.count_nonzero(ys[0]) <= p * kb
+    rs = new_rs
+
+
+@pytest.mark.parametrize("p", [1, 3, 8, 16])
+def test_density_one_is_pmean(p):
+  n = 999
+  rng = np.random.default_rng(p)
+  xs = gradients(rng, p, n)
+  rs = gradients(rng, p, n) * 0.1
+  ys, new_rs = harness.run(xs, rs, sj.SparDLConfig(density=1.0))
+
+  pmean = jax.jit(jax.shard_map(lambda a: jax.lax.pmean(a, harness.AXIS), mesh=harness.mesh(p),
+                                in_specs=P(harness.AXIS), out_specs=P(harness.AXIS)))
+  want = np.asarray(pmean(harness.put(p, xs + rs)))
+  np.testing.assert_allclose(ys, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(new_rs, 0)
+
+
+def test_all_zero_and_tied_blocks():
+  p, n = 6, 600
+  xs = np.zeros((p, n), np.float32)
+  xs[:, 100:200] = 1.0          # a whole block of ties
+  xs[2, 300:305] = -1.0         # equal magnitudes of both signs
+  rs = np.zeros_like(xs)
+  rs[:, 450:] = -0.0            # negative zeros
+  config = sj.SparDLConfig(density=0.05)
+  ys, new_rs = harness.run(xs, rs, config)
+  want_y, want_rs = reference.spardl(xs, rs, 0.05)
+  np.testing.assert_array_equal(ys[0], want_y)
+  np.testing.assert_array_equal(new_rs, want_rs)
+  assert_conserved(xs, rs, ys, new_rs)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_matches_model_in_that_dtype(dtype):
+  p, n = 4, 800
+  rng = np.random.default_rng(0)
+  xs = gradients(rng, p, n).astype(dtype)
+  rs = (gradients(rng, p, n) * 0.1).astype(dtype)
+  config = sj.SparDLConfig(density=0.1)
+  ys, new_rs = harness.run(xs, rs, config)
+  assert ys.dtype == dtype and new_rs.dtype == dtype
+  np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
+  want_y, want_rs = reference.spardl(xs, rs, 0.1)  # the model computes in `dtype` too
+  np.testing.assert_array_equal(ys[0], want_y)
+  np.testing.assert_array_equal(new_rs, want_rs)
+  total = new_rs.astype(np.float64).sum(0) + p * ys[0].astype(np.float64)
+  np.testing.assert_allclose(total, (xs.astype(np.float64) + rs).sum(0), rtol=1e-2, atol=5e-2)
+
+
+def test_works_under_jit_with_replicated_input_and_init_state():
+  p, n = 4, 300
+  config = sj.SparDLConfig(density=0.1)
+  mesh = harness.mesh(p)
+
+  def step(x):  # x comes in replicated: the same gradient on every device
+    y, state = sj.spardl_allreduce(x, sj.init_state(n, config), config,
+                                   axis_name=harness.AXIS)
+    return y[None], state.residual[None]
+
+  f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P(), out_specs=(P(harness.AXIS),) * 2))
+  x = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+  ys, rs = map(np.asarray, f(jax.device_put(x, jax.NamedSharding(mesh, P()))))
+  want_y, want_rs = reference.spardl(np.tile(x, (p, 1)), np.zeros((p, n), np.float32), 0.1)
+  np.testing.assert_allclose(ys[0], want_y, rtol=1e-6)
+  np.testing.assert_allclose(rs, want_rs, rtol=1e-6)

@@ -1,0 +1,90 @@
+"""Bad input fails early with an error naming the parameter and the allowed values."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import spardl_jax as sj
+from tests import harness
+
+
+@pytest.mark.parametrize("density", [0, -0.1, 1.5, float("nan")])
+def test_density_out_of_range(density):
+  with pytest.raises(ValueError, match=r"density must be in \(0, 1\]"):
+    sj.SparDLConfig(density=density)
+
+
+def test_density_wrong_type_and_teams():
+  with pytest.raises(TypeError, match="density"):
+    sj.SparDLConfig(density="0.1")
+  with pytest.raises(ValueError, match="teams must be a positive int"):
+    sj.SparDLConfig(density=0.1, teams=0)
+
+
+def test_init_state_checks():
+  config = sj.SparDLConfig(density=0.1)
+  with pytest.raises(ValueError, match="n must be a positive int"):
+    sj.init_state(0, config)
+  with pytest.raises(TypeError, match="dtype must have a floating dtype"):
+    sj.init_state(10, config, dtype=jnp.int32)
+  assert sj.init_state(10, config).residual.shape == (10,)
+
+
+def call(p, x, state, config, axis_name=harness.AXIS):
+  def step(x):
+    return sj.spardl_allreduce(x, state, config, axis_name=axis_name)[0][None]
+  f = jax.shard_map(step, mesh=harness.mesh(p), in_specs=P(), out_specs=P(harness.AXIS))
+  return jax.jit(f)(x)
+
+
+CFG = sj.SparDLConfig(density=0.1)
+
+
+def test_non_float_x():
+  x = jnp.arange(8, dtype=jnp.int32)
+  with pytest.raises(TypeError, match="x must have a floating dtype"):
+    call(2, x, sj.SparDLState(jnp.zeros(8, jnp.int32)), CFG)
+
+
+def test_x_not_flat():
+  x = jnp.zeros((2, 4))
+  with pytest.raises(ValueError, match=r"x must be the flat local gradient of shape \(n,\)"):
+    call(2, x, sj.init_state(8, CFG), CFG)
+
+
+def test_state_wrong_length_and_dtype():
+  x = jnp.zeros(8)
+  with pytest.raises(ValueError, match=r"state.residual has shape \(9,\)"):
+    call(2, x, sj.init_state(9, CFG), CFG)
+  with pytest.raises(TypeError, match="state.residual dtype"):
+    call(2, x, sj.init_state(8, CFG, dtype=jnp.bfloat16), CFG)
+  with pytest.raises(TypeError, match="state must be a SparDLState"):
+    call(2, x, jnp.zeros(8), CFG)
+
+
+def test_teams_not_dividing_and_not_yet_implemented():
+  x = jnp.zeros(8)
+  with pytest.raises(ValueError, match=r"teams=4 does not divide the 6 workers.*\[1, 2, 3, 6\]"):
+    call(6, x, sj.init_state(8, CFG), sj.SparDLConfig(density=0.1, teams=4))
+  with pytest.raises(NotImplementedError, match="teams=2 needs Spar-All-Gather"):
+    call(6, x, sj.init_state(8, CFG), sj.SparDLConfig(density=0.1, teams=2))
+
+
+def test_unknown_axis_name():
+  with pytest.raises(ValueError, match=r"axis_name='model' is not a bound mesh axis.*\['data'\]"):
+    call(2, jnp.zeros(8), sj.init_state(8, CFG), CFG, axis_name="model")
+
+
+def test_outside_shard_map():
+  f = jax.jit(lambda x: sj.spardl_allreduce(x, sj.init_state(8, CFG), CFG, axis_name="data"))
+  with pytest.raises(ValueError, match="must be called inside jax.shard_map"):
+    f(jnp.zeros(8))
+  with pytest.raises(ValueError, match="must be called inside jax.shard_map"):
+    sj.spardl_allreduce(jnp.zeros(8), sj.init_state(8, CFG), CFG, axis_name="data")
+
+
+def test_config_type():
+  with pytest.raises(TypeError, match="config must be a SparDLConfig"):
+    call(2, jnp.zeros(8), sj.init_state(8, CFG), {"density": 0.1})
