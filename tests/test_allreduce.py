@@ -112,3 +112,21 @@ def test_works_under_jit_with_replicated_input_and_init_state():
   want_y, want_rs = reference.spardl(np.tile(x, (p, 1)), np.zeros((p, n), np.float32), 0.1)
   np.testing.assert_allclose(ys[0], want_y, rtol=1e-6)
   np.testing.assert_allclose(rs, want_rs, rtol=1e-6)
+
+
+def test_replicated_output_with_check_vma_false():
+  p, n = 5, 400
+  config = sj.SparDLConfig(density=0.05)
+
+  def step(x, r):
+    y, state = sj.spardl_allreduce(x[0], sj.SparDLState(r[0]), config, axis_name=harness.AXIS)
+    return y, state.residual[None]
+
+  f = jax.jit(jax.shard_map(step, mesh=harness.mesh(p), in_specs=(P(harness.AXIS),) * 2,
+                            out_specs=(P(), P(harness.AXIS)), check_vma=False))
+  rng = np.random.default_rng(3)
+  xs, rs = gradients(rng, p, n), np.zeros((p, n), np.float32)
+  y, new_rs = map(np.asarray, f(harness.put(p, xs), harness.put(p, rs)))
+  want_y, want_rs = reference.spardl(xs, rs, 0.05)
+  np.testing.assert_allclose(y, want_y, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(new_rs, want_rs, rtol=1e-6, atol=1e-6)
