@@ -150,7 +150,7 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
   offsets, values = messages.unpack(gathered, layout.kb, x.dtype)
   # Row j of the gathered blocks is the block of team rank (rank + j) mod q.
   rows = (rank + jnp.arange(q, dtype=jnp.int32)) % q
-  positions = (rows[:, None] * mc + offsets).reshape(-1)
+  positions = srs.flat_positions(rows, offsets, mc)
   size = q * mc
   y = jnp.zeros((size,), x.dtype).at[positions].set((values / p).reshape(-1),
                                                     unique_indices=True)

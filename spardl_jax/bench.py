@@ -27,7 +27,7 @@ def _parse_sizes(text: str) -> list[int]:
   try:
     sizes = [int(float(v)) for v in text.split(",") if v.strip()]
   except ValueError:
-    raise argparse.ArgumentTypeError(f"--n must be a comma list of positive numbers, got {text!r}")
+    sizes = []
   if not sizes or min(sizes) < 1:
     raise argparse.ArgumentTypeError(f"--n must be a comma list of positive numbers, got {text!r}")
   return sizes

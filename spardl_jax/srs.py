@@ -50,7 +50,8 @@ class SRSResult(NamedTuple):
   values: jax.Array
 
 
-def _flat(rows: jax.Array, offsets: jax.Array, mc: int) -> jax.Array:
+def flat_positions(rows: jax.Array, offsets: jax.Array, mc: int) -> jax.Array:
+  """``(L * kb,)`` positions ``row * mc + offset`` in the flat ``(q * mc,)`` block buffer."""
   return (rows[:, None] * mc + offsets).reshape(-1)
 
 
@@ -73,12 +74,12 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
     # The rotated frame: position j of this worker is global block (rank + j) mod q.
     bag = (rank + jnp.arange(st.start, st.stop, dtype=jnp.int32)) % q
     offsets, values = topk.block_topk(buf, bag, kb, chunk)
-    selected.append(_flat(bag, offsets, mc))
+    selected.append(flat_positions(bag, offsets, mc))
     message = jax.lax.ppermute(messages.pack(offsets, values), axis_name,
                                perm=schedule.team_permutation(p, q, st.shift))
     offsets, values = messages.unpack(message, kb, buf.dtype)
     rows = (rank + jnp.arange(st.size, dtype=jnp.int32)) % q
-    positions = _flat(rows, offsets, mc)
+    positions = flat_positions(rows, offsets, mc)
     flat = buf.reshape(-1)
     before = flat[positions]
     receipts.append(Receipt(positions, before))
@@ -88,5 +89,5 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
                                  unique_indices=True).reshape(q, mc)
   own = rank[None]
   offsets, values = topk.block_topk(buf, own, kb, chunk)
-  selected.append(_flat(own, offsets, mc))
+  selected.append(flat_positions(own, offsets, mc))
   return SRSResult(buf, receipts, jnp.concatenate(selected), offsets, values)
