@@ -12,6 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from spardl_jax import bruck, gres, messages, srs, topk
 from spardl_jax.config import BlockLayout, SparDLConfig
@@ -158,6 +159,31 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
   residual = gres.collect_residuals(reduced.buf.reshape(-1), in_result, reduced.receipts,
                                     reduced.selected)
   return _unblock(y, layout, mc), SparDLState(residual=_unblock(residual, layout, mc))
+
+
+def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: str = "data"):
+  """``spardl_allreduce`` over arrays that hold one row per device, jitted.
+
+  The per-device residual lives in a global ``(P, n)`` array sharded over ``axis_name`` (each
+  device sees its ``(1, n)`` row), the layout optimizer state uses in data-parallel JAX.
+
+  Args:
+    config: the all-reduce options.
+    mesh: a mesh with axis ``axis_name`` of size ``P``.
+    axis_name: the mesh axis to reduce over.
+
+  Returns:
+    ``f(grads, residuals) -> (ys, residuals)`` on ``(P, n)`` arrays sharded as
+    ``PartitionSpec(axis_name)``: row ``w`` of ``grads`` is device ``w``'s gradient, every row
+    of ``ys`` is the same mean, and the residuals are the devices' new residuals.
+  """
+  rows = PartitionSpec(axis_name)
+
+  def step(grad, residual):
+    y, state = spardl_allreduce(grad[0], SparDLState(residual[0]), config, axis_name=axis_name)
+    return y[None], state.residual[None]
+
+  return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(rows, rows), out_specs=(rows, rows)))
 
 
 def _unblock(flat: jax.Array, layout: BlockLayout, mc: int) -> jax.Array:

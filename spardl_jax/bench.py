@@ -78,14 +78,7 @@ def run(args) -> list[dict]:
   mesh = jax.make_mesh((args.devices,), (axis,), devices=jax.devices()[:args.devices],
                        axis_types=(jax.sharding.AxisType.Explicit,))
   sharded = NamedSharding(mesh, P(axis))
-  config = sj.SparDLConfig(density=args.density)
-
-  def spardl_step(x, r):
-    y, state = sj.spardl_allreduce(x[0], sj.SparDLState(r[0]), config, axis_name=axis)
-    return y[None], state.residual[None]
-
-  spardl = jax.jit(jax.shard_map(spardl_step, mesh=mesh, in_specs=(P(axis), P(axis)),
-                                 out_specs=(P(axis), P(axis))))
+  spardl = sj.sharded_allreduce(sj.SparDLConfig(density=args.density), mesh, axis)
   dense = jax.jit(jax.shard_map(lambda x: jax.lax.pmean(x, axis), mesh=mesh,
                                 in_specs=P(axis), out_specs=P(axis)))
   rows = []

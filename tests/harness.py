@@ -21,13 +21,7 @@ def mesh(p):
 @functools.lru_cache(maxsize=None)
 def compiled(p, config):
   """jit(shard_map(spardl_allreduce)) taking (P, n) gradients and residuals."""
-
-  def step(x, r):
-    y, state = sj.spardl_allreduce(x[0], sj.SparDLState(r[0]), config, axis_name=AXIS)
-    return y[None], state.residual[None]
-
-  return jax.jit(jax.shard_map(step, mesh=mesh(p), in_specs=(P(AXIS), P(AXIS)),
-                               out_specs=(P(AXIS), P(AXIS))))
+  return sj.sharded_allreduce(config, mesh(p), AXIS)
 
 
 def put(p, a):
