@@ -113,7 +113,8 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
   block, Bruck-all-gather the (offset, value) pairs and scatter them into the dense result.
   Communication: ``2 ceil(log2 P)`` rounds, ``4 kb (P - 1)`` elements per worker, one packed
   message per round. The new residual follows global residual collection, so
-  ``sum(residuals) + P * y == sum(x + old residuals)`` up to float rounding.
+  ``sum(residuals) + P * y == sum(x + old residuals)`` up to float rounding (with the
+  default ``config.residuals='global'``; ``'local'`` and ``'none'`` drop mass on purpose).
 
   Results are ``varying`` over the axis in JAX's type system although they are identical on
   every device: return them with ``out_specs=P(axis)`` or use ``check_vma=False``.
@@ -155,10 +156,14 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
   size = q * mc
   y = jnp.zeros((size,), x.dtype).at[positions].set((values / p).reshape(-1),
                                                     unique_indices=True)
-  in_result = jnp.zeros((size,), jnp.bool_).at[positions].set(True, unique_indices=True)
+  y = _unblock(y, layout, mc)
+  if config.residuals == "none":
+    return y, SparDLState(residual=jnp.zeros_like(x))
+  in_result = (None if config.residuals == "local" else
+               jnp.zeros((size,), jnp.bool_).at[positions].set(True, unique_indices=True))
   residual = gres.collect_residuals(reduced.buf.reshape(-1), in_result, reduced.receipts,
                                     reduced.selected)
-  return _unblock(y, layout, mc), SparDLState(residual=_unblock(residual, layout, mc))
+  return y, SparDLState(residual=_unblock(residual, layout, mc))
 
 
 def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: str = "data"):

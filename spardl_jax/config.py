@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal
+
+Residuals = Literal["global", "local", "none"]
+RESIDUAL_MODES = ("global", "local", "none")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -21,6 +25,11 @@ class SparDLConfig:
     teams: number of teams ``d`` the ``P`` workers are split into (contiguous
       ranks, ``d`` must divide ``P``). Only ``teams=1`` (no Spar-All-Gather) is
       implemented so far; other values raise ``NotImplementedError`` at trace time.
+    residuals: which discarded gradient is carried to the next step (the paper's
+      Section VI ablation). ``'global'`` (default): global residual collection (GRES),
+      every discard, mass-conserving. ``'local'``: only what a worker discarded of its own
+      gradient before sending (LRES, as in DGC); mass received and discarded in-procedure
+      is lost. ``'none'``: no residual at all.
 
   References:
     Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient
@@ -29,6 +38,7 @@ class SparDLConfig:
 
   density: float
   teams: int = 1
+  residuals: Residuals = "global"
 
   def __post_init__(self):
     density = self.density
@@ -45,6 +55,9 @@ class SparDLConfig:
       raise ValueError(
           f"SparDLConfig: teams must be a positive int that divides the number "
           f"of workers, got {teams!r}.")
+    if self.residuals not in RESIDUAL_MODES:
+      raise ValueError(f"SparDLConfig: residuals must be one of {RESIDUAL_MODES}, got "
+                       f"{self.residuals!r}.")
     object.__setattr__(self, "density", float(density))
 
 

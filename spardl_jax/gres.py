@@ -10,6 +10,10 @@ buffer value (``g_w[i]`` plus what ``w`` received there). Hence
 The residual is built in place from the SRS buffer: receipts at non-result indices are
 undone by writing back the values logged before each receipt (newest first), and selected
 result indices are zeroed. Only sparse writes touch the dense buffer.
+
+The same pass gives local residual collection (LRES, the paper's ablation baseline) when no
+result mask is given: every receipt is undone and every selection zeroed, so a worker keeps
+only what it discarded of its own gradient; everything discarded after a receipt is lost.
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ import jax.numpy as jnp
 from spardl_jax.srs import Receipt
 
 
-def collect_residuals(buf: jax.Array, in_result: jax.Array, receipts: Sequence[Receipt],
+def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Sequence[Receipt],
                       selected: jax.Array) -> jax.Array:
   """The worker's new residual, in the flat layout of its block buffer.
 
   Args:
     buf: ``(size,)`` flat block buffer after SRS (``g`` plus everything received).
-    in_result: ``(size,)`` bool, True at indices of the final global result.
+    in_result: ``(size,)`` bool, True at indices of the final global result (GRES); or
+      ``None`` for local residual collection (LRES).
     receipts: the SRS receipts in step order.
     selected: ``(s,)`` int32 flat positions this worker selected (sent or kept).
 
@@ -39,7 +44,8 @@ def collect_residuals(buf: jax.Array, in_result: jax.Array, receipts: Sequence[R
   res = buf
   for receipt in reversed(receipts):
     # Indices of the result keep the received mass (it is this worker's xi there).
-    drop = jnp.where(in_result[receipt.positions], size, receipt.positions)
+    drop = (receipt.positions if in_result is None else
+            jnp.where(in_result[receipt.positions], size, receipt.positions))
     res = res.at[drop].set(receipt.before, mode="drop")
-  zero = jnp.where(in_result[selected], selected, size)
+  zero = selected if in_result is None else jnp.where(in_result[selected], selected, size)
   return res.at[zero].set(0, mode="drop")

@@ -18,11 +18,13 @@ def layout(n, q, density):
   return m, min(m, max(1, math.ceil(density * m)))
 
 
-def spardl(xs, rs, density):
+def spardl(xs, rs, density, residuals="global"):
   """One SparDL all-reduce of P workers.
 
   Args:
     xs, rs: (P, n) gradients and residuals, float32.
+    residuals: 'global' (GRES), 'local' (each worker keeps its own gradient where it never
+      selected anything) or 'none'.
   Returns:
     y (n,) the mean result, new residuals (P, n).
   """
@@ -33,6 +35,7 @@ def spardl(xs, rs, density):
   g[:, :n] = xs + rs
   buf = g.reshape(p, q, m).copy()        # buf[w, b] = worker w's copy of global block b
   xi = np.full_like(buf, np.nan)          # in-procedure residuals, each set exactly once
+  chose = np.zeros(buf.shape, bool)        # chose[w, b, o]: worker w ever selected it
   l = (q - 1).bit_length()
 
   def sparsify(w, b):
@@ -41,6 +44,7 @@ def spardl(xs, rs, density):
     assert np.isnan(xi[w, b]).all(), "a block was sparsified twice"
     xi[w, b] = buf[w, b]
     xi[w, b, off] = 0
+    chose[w, b, off] = True
     return off, vals
 
   for s in range(1, l + 1):
@@ -60,5 +64,10 @@ def spardl(xs, rs, density):
     result[w * m + off] = vals
     in_result[w * m + off] = True
   y = (result / np.asarray(p, xs.dtype))[:n]
-  new_rs = np.where(in_result, xi.reshape(p, -1), g)[:, :n]
-  return y, new_rs
+  if residuals == "global":
+    new_rs = np.where(in_result, xi.reshape(p, -1), g)
+  elif residuals == "local":
+    new_rs = np.where(chose.reshape(p, -1), 0, g)
+  else:
+    new_rs = np.zeros_like(g)
+  return y, new_rs[:, :n]

@@ -130,3 +130,20 @@ def test_replicated_output_with_check_vma_false():
   want_y, want_rs = reference.spardl(xs, rs, 0.05)
   np.testing.assert_allclose(y, want_y, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(new_rs, want_rs, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("residuals", ["local", "none"])
+@pytest.mark.parametrize("p", [3, 8])
+def test_residual_modes_match_numpy_model(p, residuals):
+  """The ablation modes: LRES keeps only own unselected gradient, 'none' keeps nothing."""
+  n, density = 1237, 0.05
+  config = sj.SparDLConfig(density=density, residuals=residuals)
+  rng = np.random.default_rng(p)
+  rs = np.zeros((p, n), np.float32)
+  for _ in range(2):
+    xs = gradients(rng, p, n)
+    want_y, want_rs = reference.spardl(xs, rs, density, residuals)
+    ys, new_rs = harness.run(xs, rs, config)
+    np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(new_rs, want_rs, rtol=1e-6, atol=1e-6)
+    rs = new_rs
