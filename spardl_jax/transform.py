@@ -1,0 +1,203 @@
+"""The optax transformation that synchronizes gradients with a sparse all-reduce.
+
+``optax.chain(spardl(axis_name="data", density=0.01), optax.sgd(0.1))`` turns each device's
+local gradient pytree into the synchronized mean gradient, inside a data-parallel
+``jax.shard_map`` train step. The per-device residual lives in the optimizer state with a
+leading device axis: ``(P, n)`` globally, sharded ``PartitionSpec(axis_name)``, ``(1, n)`` on
+each device (see :mod:`spardl_jax.data_parallel` for the shardings and a sharded init).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from spardl_jax import methods
+from spardl_jax.allreduce import _bound_axis_names
+from spardl_jax.config import Residuals
+
+
+class SyncStats(NamedTuple):
+  """Statistics of the last synchronization, gathered without any communication.
+
+  Each field is ``(1,)`` on a device and ``(P,)`` globally (one entry per device).
+
+  Attributes:
+    selected: int32, nonzero entries of the synchronized gradient (same on every device).
+    bytes_sent: float32, bytes this device sent (the method's formula, checked against the
+      compiled HLO by the tests).
+    residual_norm: float32, L2 norm of this device's residual after the synchronization.
+  """
+
+  selected: jax.Array
+  bytes_sent: jax.Array
+  residual_norm: jax.Array
+
+
+class SyncState(NamedTuple):
+  """State of :func:`sync_gradients`; every leaf has a leading device axis.
+
+  Attributes:
+    method_state: the all-reduce's per-device state (for SparDL a
+      :class:`~spardl_jax.SparDLState` whose ``residual`` is ``(1, n)`` on a device and
+      ``(P, n)`` globally), in the promoted dtype of the gradient leaves.
+    stats: :class:`SyncStats` of the last update.
+  """
+
+  method_state: Any
+  stats: SyncStats
+
+
+def _float_leaves(tree) -> tuple[list, Any]:
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+  if not leaves:
+    raise ValueError("sync_gradients: the gradient pytree has no floating-point leaves to "
+                     "synchronize.")
+  return leaves, jnp.result_type(*(x.dtype for x in leaves))
+
+
+def _num_devices(axis_name, axis_size: int | None) -> int:
+  """Length of the leading device axis of the state that ``init`` creates here."""
+  if axis_name in _bound_axis_names():
+    return 1  # Inside shard_map: this device's own slice.
+  if axis_size is not None:
+    return axis_size
+  mesh = jax.sharding.get_abstract_mesh()
+  if axis_name in mesh.axis_names:
+    return mesh.shape[axis_name]
+  raise ValueError(
+      f"sync_gradients: init was called outside shard_map, so the number of devices on axis "
+      f"{axis_name!r} is unknown. Use spardl_jax.init_opt_state(tx, params, mesh), call init "
+      f"inside jax.shard_map, run under jax.set_mesh(mesh), or pass axis_size=P.")
+
+
+def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data",
+                   axis_size: int | None = None, **options) -> optax.GradientTransformation:
+  """Synchronizes gradients across ``axis_name`` with the all-reduce ``method``.
+
+  ``update`` must run inside ``jax.shard_map`` over ``axis_name`` with the local gradient
+  of each device; it returns the mean gradient over the axis, bit-identical on every device
+  (typed *varying* by JAX, so the train step needs ``check_vma=False`` to return the new
+  parameters replicated). All floating-point leaves are flattened into one vector in their
+  promoted dtype (e.g. float32 for a bfloat16/float32 mix), reduced in one all-reduce, and
+  cast back to each leaf's dtype. Non-float leaves (integers, ``float0``) pass through
+  unchanged and are not communicated.
+
+  Args:
+    method: one of :data:`spardl_jax.methods.METHODS`.
+    axis_name: the data-parallel mesh axis.
+    axis_size: number of devices on the axis, only needed when ``init`` runs outside
+      ``shard_map`` without a mesh set (:func:`spardl_jax.init_opt_state` needs none).
+    **options: the method's options (for ``'spardl'``: ``density``, ``teams``,
+      ``residuals``).
+
+  Returns:
+    An ``optax.GradientTransformation`` whose state is a :class:`SyncState`.
+  """
+  allreduce = methods.make(method, **options)
+  if axis_size is not None and (isinstance(axis_size, bool) or not isinstance(axis_size, int)
+                                or axis_size < 1):
+    raise ValueError(f"sync_gradients: axis_size must be a positive int, got {axis_size!r}.")
+
+  def init_fn(params):
+    leaves, dtype = _float_leaves(params)
+    n = sum(int(np.prod(x.shape)) for x in leaves)
+    lead = _num_devices(axis_name, axis_size)
+
+    def per_device(a):
+      a = jnp.asarray(a)
+      return jnp.broadcast_to(a[None], (lead, *a.shape))
+
+    stats = SyncStats(selected=jnp.zeros((lead,), jnp.int32),
+                      bytes_sent=jnp.zeros((lead,), jnp.float32),
+                      residual_norm=jnp.zeros((lead,), jnp.float32))
+    return SyncState(jax.tree.map(per_device, allreduce.init(n, dtype)), stats)
+
+  def update_fn(updates, state, params=None):
+    del params
+    if not isinstance(state, SyncState):
+      raise TypeError(f"sync_gradients: state must be the SyncState from init, got "
+                      f"{type(state).__name__}.")
+    for leaf in jax.tree.leaves(state):
+      if leaf.shape[:1] != (1,):
+        raise ValueError(
+            f"sync_gradients: update must run inside jax.shard_map over {axis_name!r} with the "
+            f"state sharded PartitionSpec({axis_name!r}) (each device sees a leading axis of "
+            f"1), got a state leaf of shape {leaf.shape}; see spardl_jax.opt_state_specs.")
+    leaves, treedef = jax.tree.flatten(updates)
+    is_float = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
+    floats, dtype = _float_leaves(updates)
+    local = jax.tree.map(lambda a: a[0], state.method_state)
+    flat = jnp.concatenate([x.astype(dtype).reshape(-1) for x in floats])
+    n = sum(x.size for x in floats)
+    residual = getattr(local, "residual", None)
+    if residual is not None and residual.shape != (n,):
+      raise ValueError(f"sync_gradients: the gradients have {n} float entries but the state "
+                       f"was initialized for {residual.shape[0]}; init with the same params.")
+    y, local = allreduce.apply(flat, local, axis_name)
+    p = jax.lax.axis_size(axis_name)
+    residual = getattr(local, "residual", None)
+    stats = SyncStats(
+        selected=jnp.count_nonzero(y).astype(jnp.int32)[None],
+        bytes_sent=jnp.full((1,), allreduce.bytes_sent(n, p, np.dtype(dtype).itemsize),
+                            jnp.float32),
+        residual_norm=(jnp.zeros((1,), jnp.float32) if residual is None else
+                       jnp.linalg.norm(residual.astype(jnp.float32))[None]))
+    out, start = [], 0
+    for x, f in zip(leaves, is_float):
+      if f:
+        out.append(y[start:start + x.size].reshape(x.shape).astype(x.dtype))
+        start += x.size
+      else:
+        out.append(x)
+    new_state = SyncState(jax.tree.map(lambda a: a[None], local), stats)
+    return jax.tree.unflatten(treedef, out), new_state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int = 1,
+           residuals: Residuals = "global",
+           axis_size: int | None = None) -> optax.GradientTransformation:
+  """SparDL gradient synchronization as an optax transformation.
+
+  Example::
+
+    tx = optax.chain(spardl(axis_name="data", density=0.01), optax.sgd(0.1, momentum=0.9))
+
+  Args:
+    axis_name: the data-parallel mesh axis.
+    density: fraction of each block kept by every top-k selection, in (0, 1].
+    teams: number of teams ``d`` (must divide the number of devices).
+    residuals: ``'global'`` (GRES, default), ``'local'`` or ``'none'``; see
+      :class:`~spardl_jax.SparDLConfig`.
+    axis_size: see :func:`sync_gradients`.
+
+  Returns:
+    An ``optax.GradientTransformation`` (state :class:`SyncState`).
+
+  References:
+    Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient Sparse
+    Communication", ICDE 2024.
+  """
+  return sync_gradients("spardl", axis_name=axis_name, axis_size=axis_size, density=density,
+                        teams=teams, residuals=residuals)
+
+
+def sync_stats(opt_state) -> SyncStats:
+  """The :class:`SyncStats` inside an optimizer state (e.g. of an ``optax.chain``).
+
+  Raises:
+    ValueError: if the state holds no or several :class:`SyncState`.
+  """
+  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, SyncState))
+           if isinstance(s, SyncState)]
+  if len(found) != 1:
+    raise ValueError(f"sync_stats: expected one SyncState in the optimizer state, found "
+                     f"{len(found)}.")
+  return found[0].stats
+

@@ -1,0 +1,1 @@
+"""Data-parallel Flax trainer for spardl_jax (``python -m train``)."""

@@ -1,0 +1,62 @@
+"""Metrics files, the plot and the final table of a training run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+from train.train import RunResult
+
+
+def format_table(results: list[RunResult]) -> str:
+  """Method, final/best test accuracy, bytes sent per step and device, time per step."""
+  lines = [f"{'method':<32} {'test acc':>8} {'best':>6} {'bytes/step':>12} {'ms/step':>8}"]
+  for r in results:
+    acc = [h["test_accuracy"] for h in r.history]
+    lines.append(f"{r.variant:<32} {acc[-1]:>8.4f} {max(acc):>6.4f} "
+                 f"{r.bytes_per_step:>12,.0f} {r.time_per_step * 1e3:>8.1f}")
+  return "\n".join(lines)
+
+
+def write(out: str, results: list[RunResult], config: dict) -> list[str]:
+  """Writes ``metrics.json``, ``metrics.csv`` and ``accuracy.png`` under ``out``."""
+  os.makedirs(out, exist_ok=True)
+  runs = [{"method": r.variant, "num_params": r.num_params, "bytes_per_step": r.bytes_per_step,
+           "time_per_step": r.time_per_step, "history": r.history} for r in results]
+  paths = [os.path.join(out, name) for name in ("metrics.json", "metrics.csv", "accuracy.png")]
+  with open(paths[0], "w") as f:
+    json.dump({"config": config, "runs": runs}, f, indent=2)
+  with open(paths[1], "w", newline="") as f:
+    writer = csv.writer(f)
+    keys = list(results[0].history[0])
+    writer.writerow(["method", *keys])
+    for r in results:
+      for h in r.history:
+        writer.writerow([r.variant, *(h[k] for k in keys)])
+  _plot(paths[2], results)
+  return paths
+
+
+def _plot(path: str, results: list[RunResult]) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (by_epoch, by_bytes) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+  for r in results:
+    epochs = [h["epoch"] for h in r.history]
+    acc = [h["test_accuracy"] for h in r.history]
+    sent = [h["bytes_sent"] / 2**20 for h in r.history]
+    by_epoch.plot(epochs, acc, marker=".", label=r.variant)
+    by_bytes.plot(sent, acc, marker=".", label=r.variant)
+  by_epoch.set(xlabel="epoch", ylabel="test accuracy", title="accuracy vs epoch")
+  by_bytes.set(xlabel="MiB sent per device (log)", xscale="log",
+               title="accuracy vs communication")
+  by_epoch.legend()
+  by_epoch.grid(alpha=0.3)
+  by_bytes.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
