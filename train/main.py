@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 
 import jax
 
@@ -38,6 +39,9 @@ def _parse_args(argv):
   p.add_argument("--momentum", type=float, default=d.momentum)
   p.add_argument("--seed", type=int, default=d.seed)
   p.add_argument("--out", default=d.out, help="directory for metrics and the plot")
+  p.add_argument("--checkpoint", action="store_true",
+                 help="save the train state (residuals included) after every epoch under "
+                      "OUT/checkpoints/METHOD and resume from there when present")
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
   return p.parse_args(argv)
 
@@ -46,8 +50,10 @@ def main(argv=None) -> int:
   args = _parse_args(argv)
   logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
   log.setLevel(logging.INFO)
-  # Before the backend starts; only the CPU backend reads it.
-  jax.config.update("jax_num_cpu_devices", max(args.devices, 1))
+  try:  # Only the CPU backend reads it, and only before it starts.
+    jax.config.update("jax_num_cpu_devices", max(args.devices, 1))
+  except RuntimeError:  # Started already (an embedding program); make_mesh checks --devices.
+    pass
   from train import input_pipeline, report
   from train.train import make_mesh, train_and_evaluate
 
@@ -65,7 +71,10 @@ def main(argv=None) -> int:
            mesh.devices.flat[0].platform, ", ".join(v.label for v in variants))
   results = []
   for variant in variants:
-    result = train_and_evaluate(cfg, variant, ds, mesh, progress=not args.no_progress)
+    ckpt = (os.path.join(cfg.out, "checkpoints", variant.label.replace(":", "_"))
+            if args.checkpoint else None)
+    result = train_and_evaluate(cfg, variant, ds, mesh, progress=not args.no_progress,
+                                checkpoint_dir=ckpt)
     last = result.history[-1]
     log.info("%s: test accuracy %.4f after %d epochs (%d params, %.1f ms/step)", variant.label,
              last["test_accuracy"], cfg.epochs, result.num_params, result.time_per_step * 1e3)

@@ -16,6 +16,7 @@ Two details make the sync really sparse:
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any, NamedTuple
 
@@ -31,6 +32,8 @@ from tqdm.auto import tqdm
 import spardl_jax as sj
 from train import input_pipeline
 from train.config import TrainConfig, Variant
+
+log = logging.getLogger("train")
 
 
 @flax.struct.dataclass
@@ -71,9 +74,10 @@ def create_train_state(rng: jax.Array, model: nn.Module, tx: optax.GradientTrans
                        ) -> tuple[TrainState, TrainState]:
   """Initial state (params replicated, residuals sharded) and its PartitionSpecs."""
   params = jax.jit(model.init)(rng, jnp.asarray(example_x[:1]))["params"]
-  params = jax.device_put(params, jax.sharding.NamedSharding(mesh, PartitionSpec()))
+  step, params = jax.device_put((jnp.zeros((), jnp.int32), params),
+                                jax.sharding.NamedSharding(mesh, PartitionSpec()))
   opt_state = sj.init_opt_state(tx, params, mesh, axis_name=axis_name)
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+  state = TrainState(step=step, params=params, opt_state=opt_state)
   specs = TrainState(step=PartitionSpec(), params=jax.tree.map(lambda _: PartitionSpec(), params),
                      opt_state=sj.opt_state_specs(tx, params, mesh, axis_name=axis_name))
   return state, specs
@@ -154,9 +158,16 @@ def evaluate_model(evaluate, params, ds, mesh, cfg: TrainConfig) -> tuple[float,
 
 
 def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Dataset,
-                       mesh: jax.sharding.Mesh, *, progress: bool = True) -> RunResult:
-  """Trains ``cfg.model`` on ``ds`` with ``variant``'s gradient sync for ``cfg.epochs``."""
+                       mesh: jax.sharding.Mesh, *, progress: bool = True,
+                       checkpoint_dir: str | None = None) -> RunResult:
+  """Trains ``cfg.model`` on ``ds`` with ``variant``'s gradient sync for ``cfg.epochs``.
+
+  With ``checkpoint_dir``, the state is saved after every epoch and a run that finds a
+  checkpoint there resumes after its epoch (each epoch's data order depends only on the seed
+  and the epoch, so the resumed run is bit-identical to an uninterrupted one).
+  """
   from models import create
+  from train import checkpoint
 
   if cfg.batch_size % cfg.devices:
     raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --devices "
@@ -167,12 +178,18 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
                                     cfg.axis_name)
   train, evaluate = compile_steps(model, tx, mesh, specs, cfg.axis_name)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  history, times, sent = [], [], 0.0
+  history, times, sent, first = [], [], 0.0, 1
+  mgr = checkpoint.manager(checkpoint_dir) if checkpoint_dir else None
+  restored = mgr and checkpoint.restore_latest(mgr, state)
+  if restored:
+    done, state, history = restored
+    first, sent = done + 1, history[-1]["bytes_sent"]
+    log.info("%s: resumed from %s after epoch %d", variant.label, checkpoint_dir, done)
   steps_per_epoch = len(ds.y_train) // cfg.batch_size
-  bar = tqdm(total=cfg.epochs * steps_per_epoch, desc=variant.label, disable=not progress,
-             unit="step", leave=False)
-  bytes_per_step = 0.0
-  for epoch in range(1, cfg.epochs + 1):
+  bar = tqdm(total=(cfg.epochs - first + 1) * steps_per_epoch, desc=variant.label,
+             disable=not progress, unit="step", leave=False)
+  bytes_per_step = float(np.asarray(sj.sync_stats(state.opt_state).bytes_sent)[0])
+  for epoch in range(first, cfg.epochs + 1):
     losses, accs = [], []
     for batch in input_pipeline.train_batches(ds, cfg.batch_size, seed=cfg.seed, epoch=epoch):
       start = time.perf_counter()
@@ -192,7 +209,11 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
                     "train_accuracy": float(np.mean(accs)), "test_loss": float(test_loss),
                     "test_accuracy": float(test_acc), "bytes_sent": sent,
                     "residual_norm": float(np.mean(stats.residual_norm))})
+    if mgr:
+      checkpoint.save(mgr, epoch, state, history)
   bar.close()
+  if mgr:
+    mgr.close()
   # The first step includes compilation.
-  time_per_step = float(np.median(times[1:] if len(times) > 1 else times))
+  time_per_step = float(np.median(times[1:] if len(times) > 1 else times or [np.nan]))
   return RunResult(variant.label, history, num_params, bytes_per_step, time_per_step, state)

@@ -1,0 +1,181 @@
+"""The optax transformation: agreement with the core all-reduce, optax conformance, sharded
+state, MultiSteps, statistics and errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import spardl_jax as sj
+from tests import harness
+
+AXIS = harness.AXIS
+
+
+def params_tree():
+  return {"a": jnp.zeros((5, 7), jnp.float32), "b": jnp.zeros((13,), jnp.bfloat16),
+          "c": jnp.arange(3, dtype=jnp.int32)}
+
+
+def local_grads(rng, p, params):
+  """(P, ...) per-device gradients; integer leaves stay integer (they pass through)."""
+  def one(x):
+    if jnp.issubdtype(x.dtype, jnp.floating):
+      return jnp.asarray(rng.standard_normal((p, *x.shape)), x.dtype)
+    return jnp.broadcast_to(x, (p, *x.shape))
+  return jax.tree.map(one, params)
+
+
+def update_fn(tx, p, params):
+  """jit(shard_map(tx.update)) over (P, ...) gradients; returns device 0's updates."""
+  mesh = harness.mesh(p)
+  specs = sj.opt_state_specs(tx, params, mesh)
+
+  def step(grads, state):
+    return tx.update(jax.tree.map(lambda g: g[0], grads), state, params)
+
+  return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(AXIS), specs),
+                               out_specs=(P(), specs), check_vma=False))
+
+
+def put_rows(p, tree):
+  return jax.device_put(tree, NamedSharding(harness.mesh(p), P(AXIS)))
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_matches_core_allreduce_on_flattened_leaves(p):
+  params = params_tree()
+  tx = sj.spardl(density=0.1)
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  grads = local_grads(np.random.default_rng(p), p, params)
+  f = update_fn(tx, p, params)
+  config = sj.SparDLConfig(density=0.1)
+  # Float leaves in tree order, promoted to float32.
+  flat = np.concatenate([np.asarray(grads["a"], np.float32).reshape(p, -1),
+                         np.asarray(grads["b"], np.float32).reshape(p, -1)], axis=1)
+  rs = np.zeros_like(flat)
+  for _ in range(2):  # Same gradients twice: the second step adds the residuals.
+    updates, state = f(put_rows(p, grads), state)
+    ys, rs = harness.run(flat, rs, config)
+    np.testing.assert_array_equal(np.asarray(updates["a"]).reshape(-1), ys[0][:35])
+    np.testing.assert_array_equal(np.asarray(updates["b"]),
+                                  ys[0][35:].astype(jnp.bfloat16))
+    assert updates["b"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(updates["c"]), np.arange(3))  # passed through
+    np.testing.assert_array_equal(np.asarray(state.method_state.residual), rs)
+
+
+def test_density_one_is_pmean_and_stats():
+  p = 4
+  params = {"w": jnp.zeros((40, 30)), "v": jnp.zeros((17,))}
+  tx = sj.spardl(density=1.0)
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  grads = local_grads(np.random.default_rng(0), p, params)
+  updates, state = update_fn(tx, p, params)(put_rows(p, grads), state)
+  for k in params:
+    np.testing.assert_allclose(updates[k], np.asarray(grads[k]).mean(0), rtol=1e-5, atol=1e-6)
+  stats = state.stats
+  np.testing.assert_array_equal(stats.selected, 1217)
+  np.testing.assert_allclose(stats.residual_norm, 0)
+
+
+def test_stats_bytes_equal_the_compiled_traffic():
+  p, n = 8, 20000
+  params = {"w": jnp.zeros((n,))}
+  tx = sj.spardl(density=0.01)
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  grads = local_grads(np.random.default_rng(1), p, params)
+  f = update_fn(tx, p, params)
+  _, state = f(put_rows(p, grads), state)
+  hlo = sj.traffic.parse_hlo(f.lower(put_rows(p, grads), state).compile().as_text())
+  np.testing.assert_array_equal(state.stats.bytes_sent, hlo.bytes_sent(0))
+  kb = sj.BlockLayout.make(n, p, 0.01).kb
+  assert 0 < int(np.asarray(state.stats.selected)[0]) <= p * kb
+  assert np.all(np.asarray(state.stats.residual_norm) > 0)
+
+
+def test_state_structure_and_dtypes_are_stable_and_jit_does_not_recompile():
+  p = 4
+  params = {k: v for k, v in params_tree().items() if k != "c"}
+  tx = optax.chain(sj.spardl(density=0.05), optax.sgd(0.1, momentum=0.9))
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  f = update_fn(tx, p, params)
+  before = jax.tree.map(lambda a: (a.shape, a.dtype), state)
+  rng = np.random.default_rng(0)
+  for _ in range(3):
+    _, state = f(put_rows(p, local_grads(rng, p, params)), state)
+  after = jax.tree.map(lambda a: (a.shape, a.dtype), state)
+  assert jax.tree.structure(before) == jax.tree.structure(after)
+  assert jax.tree.leaves(before) == jax.tree.leaves(after)
+  assert f._cache_size() == 1
+
+
+def test_multisteps_accumulates_locally_and_syncs_once():
+  """MultiSteps around the sync: k micro-steps == one sync of the mean local gradient."""
+  p, k = 4, 3
+  params = {"w": jnp.zeros((64, 8)), "v": jnp.zeros((5,))}
+  inner = optax.chain(sj.spardl(density=0.2), optax.sgd(1.0))
+  multi = optax.MultiSteps(inner, every_k_schedule=k)
+  mesh = harness.mesh(p)
+  specs = sj.opt_state_specs(multi, params, mesh)
+  assert jax.tree.leaves(specs.acc_grads) == [P(AXIS), P(AXIS)]
+  state = sj.init_opt_state(multi, params, mesh)
+  assert state.acc_grads["w"].shape == (p * 64, 8)
+  rng = np.random.default_rng(5)
+  micro = [local_grads(rng, p, params) for _ in range(k)]
+  f = update_fn(multi, p, params)
+  for i, grads in enumerate(micro):
+    updates, state = f(put_rows(p, grads), state)
+    if i < k - 1:
+      assert not np.any(np.asarray(updates["w"]))
+  mean = jax.tree.map(lambda *g: sum(g) / k, *micro)
+  want, _ = update_fn(inner, p, params)(put_rows(p, mean), sj.init_opt_state(inner, params, mesh))
+  for key in params:
+    np.testing.assert_allclose(updates[key], want[key], rtol=1e-5, atol=1e-6)
+
+
+def test_init_accepts_shape_dtype_structs():
+  params = {"w": jax.ShapeDtypeStruct((10, 3), jnp.float32),
+            "b": jax.ShapeDtypeStruct((3,), jnp.bfloat16)}
+  state = jax.eval_shape(sj.spardl(density=0.1, axis_size=6).init, params)
+  assert state.method_state.residual.shape == (6, 33)
+  assert state.method_state.residual.dtype == jnp.float32
+  assert state.stats.selected.shape == (6,)
+  specs = sj.opt_state_specs(sj.spardl(density=0.1), params, harness.mesh(4))
+  assert specs.method_state.residual == P(AXIS)
+  with jax.set_mesh(harness.mesh(4)):
+    state = jax.eval_shape(sj.spardl(density=0.1).init, params)
+  assert state.method_state.residual.shape == (4, 33)
+
+
+def test_dense_method_is_pmean():
+  p = 3
+  params = {"w": jnp.zeros((11, 2))}
+  tx = sj.sync_gradients("dense")
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  grads = local_grads(np.random.default_rng(2), p, params)
+  updates, state = update_fn(tx, p, params)(put_rows(p, grads), state)
+  np.testing.assert_allclose(updates["w"], np.asarray(grads["w"]).mean(0), rtol=1e-6)
+  assert float(np.asarray(state.stats.bytes_sent)[0]) == 2 * 2 * 22 * 4 // 3
+
+
+def test_errors_are_clear():
+  with pytest.raises(ValueError, match="axis_size"):
+    sj.spardl(density=0.1).init({"w": jnp.zeros(3)})
+  with pytest.raises(ValueError, match="method must be one of"):
+    sj.sync_gradients("topk")
+  with pytest.raises(ValueError, match="density"):
+    sj.spardl(density=0.0)
+  with pytest.raises(ValueError, match="residuals"):
+    sj.spardl(residuals="some")
+  with pytest.raises(ValueError, match="axis_size"):
+    sj.spardl(axis_size=0)
+  with pytest.raises(ValueError, match="no floating-point leaves"):
+    sj.spardl(axis_size=2).init({"i": jnp.zeros(3, jnp.int32)})
+  tx = sj.spardl(density=0.1, axis_size=2)
+  state = tx.init({"w": jnp.zeros(3)})
+  with pytest.raises(ValueError, match="inside jax.shard_map"):
+    tx.update({"w": jnp.ones(3)}, state)
