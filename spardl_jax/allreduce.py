@@ -1,4 +1,5 @@
-"""The SparDL sparse all-reduce: SRS + Bruck all-gather + global residual collection.
+"""The SparDL sparse all-reduce: SRS + Spar-All-Gather + Bruck all-gather + global residual
+collection.
 
 ``spardl_allreduce`` runs inside ``jax.shard_map`` over a named mesh axis: each device passes
 its local flat gradient and its own residual state, and gets back the mean of the sparsified
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from spardl_jax import bruck, gres, messages, srs, topk
+from spardl_jax import bruck, cost, gres, h_controller, messages, sag, schedule, sparse, srs, topk
 from spardl_jax.config import BlockLayout, SparDLConfig
 
 
@@ -23,11 +24,13 @@ class SparDLState(NamedTuple):
 
   Attributes:
     residual: ``(n,)`` this device's residual (discarded gradient mass carried to the next
-      step), the dtype of the gradient. Spar-All-Gather will add its own fields (the
-      adaptive ``h`` of B-SAG) beside it.
+      step), the dtype of the gradient.
+    controller: the B-SAG ``h`` controller (:class:`~spardl_jax.h_controller.HState`, the
+      same on every device); ``last_h`` is ``kb`` when B-SAG is not used.
   """
 
   residual: jax.Array
+  controller: h_controller.HState = None
 
 
 def init_state(n: int, config: SparDLConfig, dtype=jnp.float32) -> SparDLState:
@@ -38,11 +41,11 @@ def init_state(n: int, config: SparDLConfig, dtype=jnp.float32) -> SparDLState:
     config: the all-reduce options (kept for the state fields that depend on them).
     dtype: a float dtype, the dtype of the gradients that will be reduced.
   """
-  del config  # The d = 1 state does not depend on it; B-SAG's will.
+  del config  # Sizes that depend on it are only known at trace time (they need P).
   if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
     raise ValueError(f"init_state: n must be a positive int (the gradient length), got {n!r}.")
   _check_float("dtype", dtype)
-  return SparDLState(residual=jnp.zeros((int(n),), dtype))
+  return SparDLState(residual=jnp.zeros((int(n),), dtype), controller=h_controller.empty())
 
 
 def _check_float(name: str, dtype) -> None:
@@ -94,14 +97,20 @@ def _validate(x: jax.Array, state: SparDLState, config: SparDLConfig, p: int) ->
   if state.residual.dtype != x.dtype:
     raise TypeError(f"spardl_allreduce: state.residual dtype {state.residual.dtype} differs from "
                     f"x dtype {x.dtype}; pass dtype=x.dtype to init_state.")
-  if p % config.teams:
-    divisors = [d for d in range(1, p + 1) if p % d == 0]
-    raise ValueError(f"SparDLConfig: teams={config.teams} does not divide the {p} workers on "
+
+
+def resolve_teams(config: SparDLConfig, p: int, n: int, itemsize: int) -> tuple[int, str]:
+  """``(d, kind)``: the team count for ``p`` workers and ``'none'``, ``'recursive'`` or
+  ``'bruck'``; raises a clear error when ``teams`` does not fit ``p``."""
+  d = config.teams
+  if d == "auto":
+    d = cost.choose_teams(p, n, config.density, alpha=config.alpha, beta=config.beta,
+                          itemsize=itemsize, sag=config.sag)
+  if p % d:
+    divisors = [t for t in range(1, p + 1) if p % t == 0]
+    raise ValueError(f"SparDLConfig: teams={d} does not divide the {p} workers on "
                      f"the axis; allowed values: {divisors}.")
-  if config.teams != 1:
-    raise NotImplementedError(
-        f"SparDLConfig: teams={config.teams} needs Spar-All-Gather (R-SAG/B-SAG), which is not "
-        f"implemented yet; use teams=1.")
+  return d, ("none" if d == 1 else cost.sag_kind(d, config.sag))
 
 
 def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
@@ -136,41 +145,89 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
   p = _axis_size(axis_name)
   _validate(x, state, config, p)
   n = x.shape[0]
-  q = p // config.teams
+  d, kind = resolve_teams(config, p, n, np.dtype(x.dtype).itemsize)
+  q = p // d
   layout = BlockLayout.make(n, q, config.density)
-  c = topk.chunk_size(layout.m, layout.kb)
+  kb = layout.kb
+  c = topk.chunk_size(layout.m, kb)
   mc = -(-layout.m // c) * c
-  rank = jax.lax.axis_index(axis_name).astype(jnp.int32) % q
+  size = q * mc
+  index = jax.lax.axis_index(axis_name).astype(jnp.int32)
+  rank, team = index % q, index // q
+
+  def positions(rows, offsets):  # flat buffer positions; `size` for empty slots
+    return jnp.where(offsets.reshape(-1) == sparse.INVALID, size,
+                     srs.flat_positions(rows, offsets, mc))
 
   g = x + state.residual
   buf = jnp.pad(g, (0, layout.padded - n)).reshape(q, layout.m)
   buf = jnp.pad(buf, ((0, 0), (0, mc - layout.m)))
-  reduced = srs.spar_reduce_scatter(buf, kb=layout.kb, chunk=c, rank=rank, p=p,
-                                    axis_name=axis_name)
-  gathered = bruck.bruck_allgather(messages.pack(reduced.offsets, reduced.values), q=q, p=p,
-                                   axis_name=axis_name)
-  offsets, values = messages.unpack(gathered, layout.kb, x.dtype)
+  reduced = srs.spar_reduce_scatter(buf, kb=kb, chunk=c, rank=rank, p=p, axis_name=axis_name)
+  own = rank[None]
+  offsets, values = topk.block_topk(reduced.buf, own, kb, c)  # (1, kb), ascending
+  offsets, values = offsets[0], values[0]
+  sent, shares, count = offsets, [], None
+  previous = state.controller if state.controller is not None else h_controller.empty()
+  controller = previous._replace(last_h=jnp.int32(kb))
+  if kind == "recursive":
+    offsets, values, shares = sag.recursive_sag(offsets, values, kb=kb, p=p, q=q, team=team,
+                                                axis_name=axis_name)
+  elif kind == "bruck":
+    ladder = schedule.h_ladder(kb, d)
+    controller = h_controller.start(previous, kb=kb, d=d)
+    level = jnp.searchsorted(jnp.asarray(ladder, jnp.int32),
+                             jnp.ceil(controller.h).astype(jnp.int32))
+    level = jnp.minimum(level, len(ladder) - 1)
+    h = jnp.asarray(ladder, jnp.int32)[level]
+    ordered_off, ordered_val = sag.by_magnitude(offsets, values)
+    sent = jnp.where(jnp.arange(kb) < h, ordered_off, sparse.INVALID)
+    offsets, values, count = sag.bruck_sag(ordered_off, ordered_val, level, ladder=ladder,
+                                           kb=kb, p=p, q=q, team=team, axis_name=axis_name)
+    controller = controller._replace(last_h=h)
+  # The count rides in the final all-gather, so every worker learns all Q counts.
+  message = messages.pack(offsets[None], values[None],
+                          None if count is None else count[None, None])
+  gathered = bruck.bruck_allgather(
+      message, size=q, axis_name=axis_name,
+      permutation=lambda shift: schedule.team_permutation(p, q, shift))
+  unpacked = messages.unpack(gathered, kb, x.dtype, extra=0 if count is None else 1)
   # Row j of the gathered blocks is the block of team rank (rank + j) mod q.
   rows = (rank + jnp.arange(q, dtype=jnp.int32)) % q
-  positions = srs.flat_positions(rows, offsets, mc)
-  size = q * mc
-  y = jnp.zeros((size,), x.dtype).at[positions].set((values / p).reshape(-1),
-                                                    unique_indices=True)
+  result_at = positions(rows, unpacked[0])
+  unique = kind == "none"  # Only SAG leaves empty slots (which all map to `size`).
+  y = jnp.zeros((size,), x.dtype).at[result_at].set(
+      (unpacked[1] / p).reshape(-1), mode="drop", unique_indices=unique)
   y = _unblock(y, layout, mc)
+  if count is not None:
+    mean_count = jnp.sum(unpacked[2]).astype(jnp.float32) / q
+    controller = h_controller.update(controller, mean_count, kb=kb, d=d)
   if config.residuals == "none":
-    return y, SparDLState(residual=jnp.zeros_like(x))
-  in_result = (None if config.residuals == "local" else
-               jnp.zeros((size,), jnp.bool_).at[positions].set(True, unique_indices=True))
-  residual = gres.collect_residuals(reduced.buf.reshape(-1), in_result, reduced.receipts,
-                                    reduced.selected)
-  return y, SparDLState(residual=_unblock(residual, layout, mc))
+    return y, SparDLState(residual=jnp.zeros_like(x), controller=controller)
+  in_result = jnp.zeros((size,), jnp.bool_).at[result_at].set(True, mode="drop",
+                                                                 unique_indices=unique)
+  selected = jnp.concatenate([reduced.selected, positions(own, sent[None])])
+  residual = gres.collect_residuals(reduced.buf.reshape(-1),
+                                    None if config.residuals == "local" else in_result,
+                                    reduced.receipts, selected)
+  if config.residuals == "global":
+    for share in shares:  # R-SAG discards: they count only where the index is in the result
+      at = positions(own, share.offsets[None])
+      at = jnp.where(in_result.at[at].get(mode="fill", fill_value=False), at, size)
+      residual = residual.at[at].add(share.values, mode="drop")
+  return y, SparDLState(residual=_unblock(residual, layout, mc), controller=controller)
+
+
+def init_rows(p: int, n: int, config: SparDLConfig, dtype=jnp.float32) -> SparDLState:
+  """:func:`init_state` for ``p`` devices at once: every leaf gets a leading ``(p,)`` axis."""
+  return jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)), init_state(n, config, dtype))
 
 
 def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: str = "data"):
   """``spardl_allreduce`` over arrays that hold one row per device, jitted.
 
-  The per-device residual lives in a global ``(P, n)`` array sharded over ``axis_name`` (each
-  device sees its ``(1, n)`` row), the layout optimizer state uses in data-parallel JAX.
+  The per-device state lives in arrays with a leading device axis sharded over
+  ``axis_name``: the residual is ``(P, n)`` (each device sees its ``(1, n)`` row), the layout
+  optimizer state uses in data-parallel JAX.
 
   Args:
     config: the all-reduce options.
@@ -178,15 +235,16 @@ def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: 
     axis_name: the mesh axis to reduce over.
 
   Returns:
-    ``f(grads, residuals) -> (ys, residuals)`` on ``(P, n)`` arrays sharded as
-    ``PartitionSpec(axis_name)``: row ``w`` of ``grads`` is device ``w``'s gradient, every row
-    of ``ys`` is the same mean, and the residuals are the devices' new residuals.
+    ``f(grads, state) -> (ys, state)``: ``grads`` ``(P, n)`` (row ``w`` is device ``w``'s
+    gradient) and ``state`` from :func:`init_rows`, both sharded ``PartitionSpec(axis_name)``;
+    every row of ``ys`` is the same mean.
   """
   rows = PartitionSpec(axis_name)
 
-  def step(grad, residual):
-    y, state = spardl_allreduce(grad[0], SparDLState(residual[0]), config, axis_name=axis_name)
-    return y[None], state.residual[None]
+  def step(grad, state):
+    y, state = spardl_allreduce(grad[0], jax.tree.map(lambda a: a[0], state), config,
+                                axis_name=axis_name)
+    return y[None], jax.tree.map(lambda a: a[None], state)
 
   return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(rows, rows), out_specs=(rows, rows)))
 

@@ -13,6 +13,8 @@ from typing import Literal
 
 Residuals = Literal["global", "local", "none"]
 RESIDUAL_MODES = ("global", "local", "none")
+Sag = Literal["auto", "recursive", "bruck"]
+SAG_MODES = ("auto", "recursive", "bruck")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -23,8 +25,14 @@ class SparDLConfig:
     density: fraction of each block kept by every top-k selection, in (0, 1].
       ``density=1`` makes the all-reduce exact (it then equals ``pmean``).
     teams: number of teams ``d`` the ``P`` workers are split into (contiguous
-      ranks, ``d`` must divide ``P``). Only ``teams=1`` (no Spar-All-Gather) is
-      implemented so far; other values raise ``NotImplementedError`` at trace time.
+      ranks, ``d`` must divide ``P``; checked at trace time). ``1``: SRS + Bruck, no
+      Spar-All-Gather. ``'auto'``: the ``d`` with the least modeled time
+      ``rounds * alpha + bytes * beta`` (:func:`spardl_jax.cost.choose_teams`).
+    sag: the Spar-All-Gather for ``teams > 1``: ``'recursive'`` (R-SAG, ``d`` a power of
+      two), ``'bruck'`` (B-SAG with the adaptive ``h``, any ``d``) or ``'auto'`` (R-SAG when
+      ``d`` is a power of two, else B-SAG).
+    alpha: latency per round in seconds, for ``teams='auto'`` (default: 10 Gbit/s Ethernet).
+    beta: seconds per byte, for ``teams='auto'`` (default 1 / 1.25 GB/s).
     residuals: which discarded gradient is carried to the next step (the paper's
       Section VI ablation). ``'global'`` (default): global residual collection (GRES),
       every discard, mass-conserving. ``'local'``: only what a worker discarded of its own
@@ -37,28 +45,48 @@ class SparDLConfig:
   """
 
   density: float
-  teams: int = 1
+  teams: int | Literal["auto"] = 1
+  sag: Sag = "auto"
   residuals: Residuals = "global"
+  alpha: float = 50e-6
+  beta: float = 1 / 1.25e9
 
   def __post_init__(self):
-    density = self.density
-    if isinstance(density, bool) or not isinstance(density, (int, float)):
-      raise TypeError(
-          f"SparDLConfig: density must be a float in (0, 1], got {density!r} "
-          f"of type {type(density).__name__}.")
-    if not (0.0 < float(density) <= 1.0):  # also rejects NaN
-      raise ValueError(
-          f"SparDLConfig: density must be in (0, 1] (the fraction of each block "
-          f"kept), got {density!r}.")
+    check_density(self)
     teams = self.teams
-    if isinstance(teams, bool) or not isinstance(teams, int) or teams < 1:
+    if teams != "auto" and (isinstance(teams, bool) or not isinstance(teams, int) or teams < 1):
       raise ValueError(
           f"SparDLConfig: teams must be a positive int that divides the number "
-          f"of workers, got {teams!r}.")
+          f"of workers, or 'auto', got {teams!r}.")
+    if self.sag not in SAG_MODES:
+      raise ValueError(f"SparDLConfig: sag must be one of {SAG_MODES}, got {self.sag!r}.")
+    if self.sag == "recursive" and isinstance(teams, int) and teams & (teams - 1):
+      raise ValueError(f"SparDLConfig: sag='recursive' (R-SAG) needs teams to be a power of "
+                       f"two, got teams={teams}; use sag='bruck' or 'auto'.")
+    check_positive(self, "alpha")
+    check_positive(self, "beta")
     if self.residuals not in RESIDUAL_MODES:
       raise ValueError(f"SparDLConfig: residuals must be one of {RESIDUAL_MODES}, got "
                        f"{self.residuals!r}.")
-    object.__setattr__(self, "density", float(density))
+    object.__setattr__(self, "density", float(self.density))
+
+
+def check_density(config) -> None:
+  """Raises a clear error unless ``config.density`` is a number in (0, 1]."""
+  name, density = type(config).__name__, config.density
+  if isinstance(density, bool) or not isinstance(density, (int, float)):
+    raise TypeError(f"{name}: density must be a float in (0, 1], got {density!r} of type "
+                    f"{type(density).__name__}.")
+  if not (0.0 < float(density) <= 1.0):  # also rejects NaN
+    raise ValueError(f"{name}: density must be in (0, 1] (the fraction of entries kept), "
+                     f"got {density!r}.")
+
+
+def check_positive(config, name: str, kind=(int, float)) -> None:
+  """Raises a clear error unless ``config.<name>`` is a positive number of type ``kind``."""
+  value = getattr(config, name)
+  if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+    raise ValueError(f"{type(config).__name__}: {name} must be positive, got {value!r}.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,8 @@ def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Seq
     in_result: ``(size,)`` bool, True at indices of the final global result (GRES); or
       ``None`` for local residual collection (LRES).
     receipts: the SRS receipts in step order.
-    selected: ``(s,)`` int32 flat positions this worker selected (sent or kept).
+    selected: ``(s,)`` int32 flat positions this worker selected (sent or kept); ``size``
+      marks an empty slot.
 
   Returns:
     ``(size,)`` the residual, same dtype as ``buf``.
@@ -47,5 +48,8 @@ def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Seq
     drop = (receipt.positions if in_result is None else
             jnp.where(in_result[receipt.positions], size, receipt.positions))
     res = res.at[drop].set(receipt.before, mode="drop")
-  zero = selected if in_result is None else jnp.where(in_result[selected], selected, size)
+  if in_result is None:
+    zero = selected
+  else:
+    zero = jnp.where(in_result.at[selected].get(mode="fill", fill_value=False), selected, size)
   return res.at[zero].set(0, mode="drop")

@@ -32,14 +32,24 @@ def _from_words(w: jax.Array, dtype) -> jax.Array:
   return jax.lax.bitcast_convert_type(w, dtype)
 
 
-def pack(offsets: jax.Array, values: jax.Array) -> jax.Array:
-  """Pack ``(L, kb)`` int32 offsets and ``(L, kb)`` values into ``(L, words)`` words."""
+def pack(offsets: jax.Array, values: jax.Array, extra: jax.Array | None = None) -> jax.Array:
+  """Pack ``(L, kb)`` int32 offsets, ``(L, kb)`` values and optionally ``(L, e)`` int32
+  ``extra`` words (e.g. a count) into one ``(L, words)`` word array."""
   word = _word_dtype(values.dtype)
-  return jnp.concatenate([_to_words(offsets, word), _to_words(values, word)], axis=1)
+  parts = [_to_words(offsets, word), _to_words(values, word)]
+  if extra is not None:
+    parts.append(_to_words(extra, word))
+  return jnp.concatenate(parts, axis=1)
 
 
-def unpack(message: jax.Array, kb: int, dtype) -> tuple[jax.Array, jax.Array]:
-  """Inverse of :func:`pack`: ``(L, words)`` -> int32 offsets and values, each ``(L, kb)``."""
-  split = kb * 4 // message.dtype.itemsize
-  return (_from_words(message[:, :split], jnp.int32),
-          _from_words(message[:, split:], dtype))
+def unpack(message: jax.Array, kb: int, dtype, extra: int = 0):
+  """Inverse of :func:`pack`: ``(L, words)`` -> int32 offsets and values, each ``(L, kb)``,
+  and, when ``extra > 0``, the ``(L, extra)`` int32 extra words as a third result."""
+  word = message.dtype.itemsize
+  split = kb * 4 // word
+  stop = split + kb * np.dtype(dtype).itemsize // word
+  parts = (_from_words(message[:, :split], jnp.int32),
+           _from_words(message[:, split:stop], dtype))
+  if extra:
+    parts += (_from_words(message[:, stop:], jnp.int32),)
+  return parts

@@ -4,6 +4,18 @@ Every method runs inside ``jax.shard_map`` on a flat local gradient and returns 
 the axis, bit-identical on every device, plus its new per-device state. The optax
 transformation (:mod:`spardl_jax.transform`), the trainer and the benchmark pick a method by
 name, so a new algorithm plugs in here once.
+
+=========  ==========================================================  =====================
+name       algorithm                                                   options
+=========  ==========================================================  =====================
+dense      ``pmean`` (ring all-reduce)                                 none
+spardl     SparDL (SRS + SAG + Bruck + GRES)                           :class:`SparDLConfig`
+topka      all-gather of local top-k                                   ``density``
+topkdsa    SparCML split-reduce-gather, dense switch                   ``density, capacity``
+gtopk      tree merge of top-k + broadcast                             ``density``
+oktopk     Ok-Topk: thresholds, balanced regions                       ``density, capacity,
+                                                                       tau, tau_regions``
+=========  ==========================================================  =====================
 """
 
 from __future__ import annotations
@@ -13,59 +25,95 @@ from typing import Any, Literal, NamedTuple
 
 import jax
 
-from spardl_jax import traffic
-from spardl_jax.allreduce import init_state, spardl_allreduce
+from spardl_jax import gtopk, oktopk, topka, topkdsa, traffic
+from spardl_jax.allreduce import init_state, resolve_teams, spardl_allreduce
 from spardl_jax.config import BlockLayout, SparDLConfig
 
 
 class AllReduce(NamedTuple):
-  """A gradient all-reduce usable by the optax transformation.
+  """A gradient all-reduce usable by the optax transformation and the benchmark.
 
   Attributes:
     name: the method's registry name.
-    init: ``(n, dtype) -> state``, the per-device state for a flat gradient of length ``n``
-      (a pytree of arrays; ``()`` when the method keeps none).
+    config: its options (a frozen dataclass), or None.
+    init: ``(n, dtype, p) -> state``, the per-device state for a flat gradient of length
+      ``n`` on ``p`` devices (a pytree of arrays; ``()`` when the method keeps none).
     apply: ``(x, state, axis_name) -> (mean, state)`` inside ``shard_map``; ``x`` is the
       ``(n,)`` local gradient.
-    bytes_sent: ``(n, p, itemsize) -> int``, bytes each device sends in one all-reduce (the
-      formula the HLO traffic tests check).
+    stats: ``(n, p, itemsize, state, rank) -> (bytes_sent, h)`` after an all-reduce that
+      left ``state``: the bytes device ``rank`` sent (the formula the HLO traffic tests
+      check; a capacity bound for threshold methods) and SparDL's cross-team pairs per
+      block (0 for other methods).
+    formula: ``(p, n, itemsize) -> {'rounds', 'bytes', ...}`` per-worker cost, ``bytes``
+      the most any worker sends.
   """
 
   name: str
-  init: Callable[[int, Any], Any]
+  config: Any
+  init: Callable[[int, Any, int], Any]
   apply: Callable[[jax.Array, Any, str], tuple[jax.Array, Any]]
-  bytes_sent: Callable[[int, int, int], int]
+  stats: Callable[[int, int, int, Any, Any], tuple[Any, Any]]
+  formula: Callable[[int, int, int], dict]
 
 
 def dense() -> AllReduce:
   """Dense ``pmean``, the reference every sparse method is measured against.
 
-  Its traffic is counted as a ring all-reduce, ``2 (P - 1) / P * n`` elements per device.
+  Its traffic is counted as a ring all-reduce, ``2 (P - 1) / P * n`` elements per device, in
+  ``2 (P - 1)`` rounds.
   """
+  def formula(p, n, itemsize):
+    return {"rounds": 2 * (p - 1), "bytes": 2 * (p - 1) * n * itemsize // p}
+
   return AllReduce(
-      name="dense",
-      init=lambda n, dtype: (),
+      name="dense", config=None, init=lambda n, dtype, p: (),
       apply=lambda x, state, axis_name: (jax.lax.pmean(x, axis_name), state),
-      bytes_sent=lambda n, p, itemsize: 2 * (p - 1) * n * itemsize // p)
+      stats=lambda n, p, itemsize, state, rank: (formula(p, n, itemsize)["bytes"], 0),
+      formula=formula)
 
 
 def spardl(config: SparDLConfig) -> AllReduce:
   """SparDL (:func:`spardl_jax.spardl_allreduce`) with the given configuration."""
 
-  def bytes_sent(n, p, itemsize):
-    kb = BlockLayout.make(n, p // config.teams, config.density).kb
-    return traffic.spardl_formula(p, kb, itemsize)["bytes"]
+  def formula(p, n, itemsize, h=None):
+    teams, kind = resolve_teams(config, p, n, itemsize)
+    kb = BlockLayout.make(n, p // teams, config.density).kb
+    return traffic.spardl_formula(p, kb, itemsize, teams=teams, sag=kind,
+                                  h=kb if h is None else h)
+
+  def stats(n, p, itemsize, state, rank):
+    h = state.controller.last_h
+    return formula(p, n, itemsize, h)["bytes"], h
 
   return AllReduce(
-      name="spardl",
-      init=lambda n, dtype: init_state(n, config, dtype),
+      name="spardl", config=config, init=lambda n, dtype, p: init_state(n, config, dtype),
       apply=lambda x, state, axis_name: spardl_allreduce(x, state, config,
                                                          axis_name=axis_name),
-      bytes_sent=bytes_sent)
+      stats=stats, formula=formula)
 
 
-Method = Literal["dense", "spardl"]
-METHODS: tuple[Method, ...] = ("dense", "spardl")
+def _baseline(name: str, module, config) -> AllReduce:
+  """The baseline of ``module`` (``init_state``, ``<name>_allreduce`` and ``formula``)."""
+  allreduce = getattr(module, f"{name}_allreduce")
+
+  def formula(p, n, itemsize):
+    return module.formula(p, n, config, itemsize)
+
+  def stats(n, p, itemsize, state, rank):
+    cost = formula(p, n, itemsize)
+    if "bytes_per_device" in cost:
+      return jax.numpy.asarray(cost["bytes_per_device"])[rank], 0
+    return cost["bytes"], 0
+
+  return AllReduce(name=name, config=config,
+                   init=lambda n, dtype, p: module.init_state(n, p, config, dtype),
+                   apply=lambda x, state, axis_name: allreduce(x, state, config,
+                                                               axis_name=axis_name),
+                   stats=stats, formula=formula)
+
+
+Method = Literal["dense", "spardl", "topka", "topkdsa", "gtopk", "oktopk"]
+METHODS: tuple[Method, ...] = ("dense", "spardl", "topka", "topkdsa", "gtopk", "oktopk")
 
 
 def make(method: str, **options) -> AllReduce:
@@ -73,11 +121,10 @@ def make(method: str, **options) -> AllReduce:
 
   Args:
     method: one of :data:`METHODS`.
-    **options: the method's options: for ``'spardl'`` the fields of :class:`SparDLConfig`
-      (``density``, ``teams``, ``residuals``); ``'dense'`` takes none.
+    **options: the method's options (see the table in the module docstring).
 
   Raises:
-    ValueError: for an unknown method or options it does not take.
+    ValueError: for an unknown method; TypeError for an option it does not take.
   """
   if method == "dense":
     if options:
@@ -85,4 +132,9 @@ def make(method: str, **options) -> AllReduce:
     return dense()
   if method == "spardl":
     return spardl(SparDLConfig(**options))
+  baselines = {"topka": (topka, topka.TopkAConfig), "topkdsa": (topkdsa, topkdsa.TopkDSAConfig),
+               "gtopk": (gtopk, gtopk.GTopkConfig), "oktopk": (oktopk, oktopk.OkTopkConfig)}
+  if method in baselines:
+    module, config_class = baselines[method]
+    return _baseline(method, module, config_class(**options))
   raise ValueError(f"method must be one of {METHODS}, got {method!r}.")

@@ -1,4 +1,5 @@
-"""Static communication schedules of SparDL: Spar-Reduce-Scatter and Bruck all-gather.
+"""Static communication schedules of SparDL: Spar-Reduce-Scatter, Bruck all-gather and the
+cross-team steps of Spar-All-Gather (R-SAG, B-SAG).
 
 Pure Python (no JAX), so a schedule can be printed and tested on its own; the JAX code in
 :mod:`spardl_jax.srs` and :mod:`spardl_jax.bruck` executes exactly these steps.
@@ -85,6 +86,39 @@ def team_permutation(p: int, q: int, shift: int) -> list[tuple[int, int]]:
   if p % q:
     raise ValueError(f"team size {q} does not divide the worker count {p}.")
   return [(t + i, t + (i + shift) % q) for t in range(0, p, q) for i in range(q)]
+
+
+def cross_team_permutation(p: int, q: int, shift: int) -> list[tuple[int, int]]:
+  """Pairs sending worker ``(team t, position r)`` to ``(team (t + shift) mod d, r)``.
+
+  The B-SAG Bruck all-gather runs over the ``d = p / q`` workers of one position.
+  """
+  d = p // q
+  return [(t * q + r, ((t + shift) % d) * q + r) for t in range(d) for r in range(q)]
+
+
+def recursive_doubling_permutation(p: int, q: int, step: int) -> list[tuple[int, int]]:
+  """R-SAG step ``step`` (0-based): team ``t`` exchanges with team ``t XOR 2**step``, same
+  position. Each pair appears in both directions."""
+  d = p // q
+  if d & (d - 1) or 2**step >= d:
+    raise ValueError(f"recursive doubling needs a power-of-two team count > 2**{step}, "
+                     f"got d={d}.")
+  return [(t * q + r, (t ^ 2**step) * q + r) for t in range(d) for r in range(q)]
+
+
+def h_ladder(kb: int, d: int, ratio: float = 1.08) -> tuple[int, ...]:
+  """The static B-SAG message sizes ``h``: ``ceil(kb / d)`` to ``kb``, geometric by ``ratio``.
+
+  Each size is one ``lax.switch`` branch, compiled once; the adaptive ``h`` is rounded up to
+  the next size, so the bytes on the wire follow ``h`` within ``ratio``.
+  """
+  lo = -(-kb // d)
+  sizes, h = [lo], float(lo)
+  while sizes[-1] < kb:
+    h *= ratio
+    sizes.append(min(kb, max(sizes[-1] + 1, int(h + 0.999999))))
+  return tuple(sizes)
 
 
 def format_schedule(q: int) -> str:

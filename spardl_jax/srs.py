@@ -3,7 +3,7 @@
 Executes :func:`spardl_jax.schedule.srs_schedule` with ``jax.lax.ppermute``: at each step a
 worker sparsifies the blocks of its bag right before sending them (the paper's optimised
 SRS), sends them as one packed message, and adds what it receives into its dense buffer.
-After the last step it holds the summed block of its own rank and selects its top-kb.
+After the last step it holds the summed block of its own rank (row ``rank`` of the buffer).
 
 Everything a worker selected or received is logged, so that global residual collection
 (:mod:`spardl_jax.gres`) can rebuild its residual without keeping a second dense buffer.
@@ -37,17 +37,13 @@ class SRSResult(NamedTuple):
   Attributes:
     buf: ``(q, mc)`` dense block buffer: ``g`` plus everything received.
     receipts: one :class:`Receipt` per SRS step, in step order.
-    selected: ``(q * kb,)`` int32 flat positions of every entry this worker selected (sent
-      blocks and its own block): its in-procedure residual is 0 there.
-    offsets: ``(1, kb)`` int32 offsets selected in the worker's own (summed) block.
-    values: ``(1, kb)`` their values.
+    selected: ``((q - 1) * kb,)`` int32 flat positions of every entry this worker sent: its
+      in-procedure residual is 0 there.
   """
 
   buf: jax.Array
   receipts: list[Receipt]
   selected: jax.Array
-  offsets: jax.Array
-  values: jax.Array
 
 
 def flat_positions(rows: jax.Array, offsets: jax.Array, mc: int) -> jax.Array:
@@ -87,7 +83,5 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
     # so XLA updates the buffer in place instead of copying it. Positions never repeat.
     buf = flat.at[positions].set(before + values.reshape(-1),
                                  unique_indices=True).reshape(q, mc)
-  own = rank[None]
-  offsets, values = topk.block_topk(buf, own, kb, chunk)
-  selected.append(flat_positions(own, offsets, mc))
-  return SRSResult(buf, receipts, jnp.concatenate(selected), offsets, values)
+  selected = jnp.concatenate(selected) if selected else jnp.zeros((0,), jnp.int32)
+  return SRSResult(buf, receipts, selected)

@@ -52,7 +52,7 @@ def keys(values: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(jnp.abs(values).astype(jnp.float32), jnp.int32)
 
 
-def _kth_largest(k_: jax.Array, k: int) -> jax.Array:
+def kth_largest(k_: jax.Array, k: int) -> jax.Array:
   """``(L,)``: the ``k``-th largest key of each row of ``k_`` ``(L, N)`` (exact bisection)."""
   def halve(_, bounds):
     lo, hi = bounds  # invariant: count(keys >= lo) >= k > count(keys > hi)
@@ -81,7 +81,7 @@ def select(k_: jax.Array, k: int) -> jax.Array:
   Returns:
     ``(L, k)`` int32 positions in ascending order.
   """
-  t = _kth_largest(k_, k)[:, None]
+  t = kth_largest(k_, k)[:, None]
   above = k_ > t
   at_least = k_ >= t
 

@@ -39,6 +39,7 @@ _INSTR = re.compile(
 _ARRAY = re.compile(r"(?P<dtype>[a-z]\w*)\[(?P<dims>[\d,]*)\]")
 _COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
 _PAIRS = re.compile(r"source_target_pairs=\{(?P<pairs>[\d,{}\s]*)\}")
+_BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,12 +99,23 @@ class Traffic:
   """All collectives of a compiled program, in program order.
 
   Attributes:
-    permutes: the collective-permutes (one per ``ppermute`` round).
+    permutes: the collective-permutes (one per ``ppermute`` round), of every branch.
     others: every other collective (all-reduce, all-gather, ...).
+    switches: for each ``conditional`` (``lax.switch``/``cond``) with a collective-permute
+      in a branch, its branch computation names in branch order.
   """
 
   permutes: tuple[Collective, ...]
   others: tuple[Collective, ...]
+  switches: tuple[tuple[str, ...], ...] = ()
+
+  def branch(self, index: int) -> "Traffic":
+    """The traffic of a run that takes branch ``index`` of every switch."""
+    inside = {name for switch in self.switches for name in switch}
+    chosen = {switch[index] for switch in self.switches}
+    return Traffic(tuple(c for c in self.permutes
+                         if c.computation not in inside or c.computation in chosen),
+                   self.others)
 
   @property
   def rounds(self) -> int:
@@ -131,6 +143,7 @@ def parse_hlo(text: str) -> Traffic:
   """Lists the collectives of an HLO module's text (``compiled.as_text()``)."""
   types: dict[str, str] = {}
   found: list[tuple[str, str, str, str, str]] = []
+  conditionals: list[tuple[str, ...]] = []
   computation = ""
   for line in text.splitlines():
     instr = _INSTR.match(line)
@@ -140,6 +153,10 @@ def parse_hlo(text: str) -> Traffic:
         computation = header["name"]
       continue
     types[instr["name"]] = instr["shape"]
+    if instr["op"] == "conditional":
+      branches = _BRANCHES.search(instr["attrs"])
+      if branches is not None:
+        conditionals.append(tuple(b.strip().lstrip("%") for b in branches["names"].split(",")))
     if instr["op"] in COLLECTIVE_PERMUTE + OTHER_COLLECTIVES:
       found.append((instr["name"], instr["op"], computation, instr["operands"], instr["attrs"]))
   permutes, others = [], []
@@ -160,16 +177,42 @@ def parse_hlo(text: str) -> Traffic:
       permutes.append(Collective(name, op, comp, tuple(operand_types), pair_list))
     else:
       others.append(Collective(name, op, comp, tuple(operand_types)))
-  return Traffic(tuple(permutes), tuple(others))
+  with_permutes = {c.computation for c in permutes}
+  switches = tuple(c for c in conditionals if with_permutes.intersection(c))
+  return Traffic(tuple(permutes), tuple(others), switches)
 
 
-def spardl_formula(p: int, kb: int, value_bytes: int = 4) -> dict[str, int]:
-  """The DESIGN.md cost of one SparDL all-reduce with ``d = 1``, per worker.
+def spardl_formula(p: int, kb: int, value_bytes: int = 4, *, teams: int = 1,
+                   sag: str = "recursive", h=None) -> dict:
+  """The DESIGN.md cost of one SparDL all-reduce, per worker.
+
+  With ``Q = P / d`` and a pair = int32 offset + value:
+
+  * ``d = 1``: ``2 ceil(log2 P)`` rounds, ``4 kb (P - 1)`` elements.
+  * R-SAG: ``2 ceil(log2 Q) + log2 d`` rounds, ``4 kb (Q - 1) + 2 kb log2 d`` elements.
+  * B-SAG: ``2 ceil(log2 Q) + ceil(log2 d)`` rounds, ``4 kb (Q - 1) + 2 h (d - 1)``
+    elements, plus one int32 word (the distinct count that makes ``h`` global) in each of
+    the ``Q - 1`` blocks of the final Bruck all-gather.
+
+  Args:
+    p: workers; kb: pairs per block; value_bytes: the value dtype's size.
+    teams: ``d``; sag: ``'recursive'`` or ``'bruck'`` (used when ``d > 1``).
+    h: the B-SAG message size (an int or a traced scalar).
 
   Returns:
-    ``rounds`` = 2 ceil(log2 P), ``elements`` = 4 kb (P - 1) (half int32 offsets, half
-    values) and ``bytes`` = 2 kb (P - 1) (4 + value_bytes).
+    ``rounds``, ``elements`` and ``bytes`` (``elements`` and ``bytes`` follow ``h``'s type).
   """
-  l = (p - 1).bit_length()
-  return {"rounds": 2 * l, "elements": 4 * kb * (p - 1),
-          "bytes": 2 * kb * (p - 1) * (4 + value_bytes)}
+  q = p // teams
+  lq = (q - 1).bit_length()
+  pair = 4 + value_bytes
+  rounds, pairs, words = 2 * lq, 2 * kb * (q - 1), 0
+  if teams > 1 and sag == "recursive":
+    rounds += (teams - 1).bit_length()
+    pairs += kb * (teams - 1).bit_length()
+  elif teams > 1:
+    if h is None:
+      raise ValueError("spardl_formula: B-SAG needs the message size h.")
+    rounds += (teams - 1).bit_length()
+    pairs = pairs + h * (teams - 1)
+    words = q - 1
+  return {"rounds": rounds, "elements": 2 * pairs + words, "bytes": pair * pairs + 4 * words}

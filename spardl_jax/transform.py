@@ -18,7 +18,7 @@ import optax
 
 from spardl_jax import methods
 from spardl_jax.allreduce import _bound_axis_names
-from spardl_jax.config import Residuals
+from spardl_jax.config import Residuals, Sag
 
 
 class SyncStats(NamedTuple):
@@ -31,11 +31,14 @@ class SyncStats(NamedTuple):
     bytes_sent: float32, bytes this device sent (the method's formula, checked against the
       compiled HLO by the tests).
     residual_norm: float32, L2 norm of this device's residual after the synchronization.
+    h: int32, pairs per block sent across teams by SparDL (B-SAG's adaptive ``h``; ``kb``
+      otherwise; 0 for dense).
   """
 
   selected: jax.Array
   bytes_sent: jax.Array
   residual_norm: jax.Array
+  h: jax.Array
 
 
 class SyncState(NamedTuple):
@@ -60,15 +63,16 @@ def _float_leaves(tree) -> tuple[list, Any]:
   return leaves, jnp.result_type(*(x.dtype for x in leaves))
 
 
-def _num_devices(axis_name, axis_size: int | None) -> int:
-  """Length of the leading device axis of the state that ``init`` creates here."""
+def _devices(axis_name, axis_size: int | None) -> tuple[int, int]:
+  """``(lead, p)``: the leading device axis of the state ``init`` creates here, and the
+  number of devices on the axis."""
   if axis_name in _bound_axis_names():
-    return 1  # Inside shard_map: this device's own slice.
+    return 1, jax.lax.axis_size(axis_name)  # Inside shard_map: this device's own slice.
   if axis_size is not None:
-    return axis_size
+    return axis_size, axis_size
   mesh = jax.sharding.get_abstract_mesh()
   if axis_name in mesh.axis_names:
-    return mesh.shape[axis_name]
+    return mesh.shape[axis_name], mesh.shape[axis_name]
   raise ValueError(
       f"sync_gradients: init was called outside shard_map, so the number of devices on axis "
       f"{axis_name!r} is unknown. Use spardl_jax.init_opt_state(tx, params, mesh), call init "
@@ -92,8 +96,8 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     axis_name: the data-parallel mesh axis.
     axis_size: number of devices on the axis, only needed when ``init`` runs outside
       ``shard_map`` without a mesh set (:func:`spardl_jax.init_opt_state` needs none).
-    **options: the method's options (for ``'spardl'``: ``density``, ``teams``,
-      ``residuals``).
+    **options: the method's options (for ``'spardl'``: ``density``, ``teams``, ``sag``,
+      ``residuals``, ``alpha``, ``beta``).
 
   Returns:
     An ``optax.GradientTransformation`` whose state is a :class:`SyncState`.
@@ -106,7 +110,7 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
   def init_fn(params):
     leaves, dtype = _float_leaves(params)
     n = sum(int(np.prod(x.shape)) for x in leaves)
-    lead = _num_devices(axis_name, axis_size)
+    lead, p = _devices(axis_name, axis_size)
 
     def per_device(a):
       a = jnp.asarray(a)
@@ -114,8 +118,9 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
 
     stats = SyncStats(selected=jnp.zeros((lead,), jnp.int32),
                       bytes_sent=jnp.zeros((lead,), jnp.float32),
-                      residual_norm=jnp.zeros((lead,), jnp.float32))
-    return SyncState(jax.tree.map(per_device, allreduce.init(n, dtype)), stats)
+                      residual_norm=jnp.zeros((lead,), jnp.float32),
+                      h=jnp.zeros((lead,), jnp.int32))
+    return SyncState(jax.tree.map(per_device, allreduce.init(n, dtype, p)), stats)
 
   def update_fn(updates, state, params=None):
     del params
@@ -141,10 +146,12 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     y, local = allreduce.apply(flat, local, axis_name)
     p = jax.lax.axis_size(axis_name)
     residual = getattr(local, "residual", None)
+    bytes_sent, h = allreduce.stats(n, p, np.dtype(dtype).itemsize, local,
+                                    jax.lax.axis_index(axis_name))
     stats = SyncStats(
         selected=jnp.count_nonzero(y).astype(jnp.int32)[None],
-        bytes_sent=jnp.full((1,), allreduce.bytes_sent(n, p, np.dtype(dtype).itemsize),
-                            jnp.float32),
+        bytes_sent=jnp.full((1,), bytes_sent, jnp.float32),
+        h=jnp.full((1,), h, jnp.int32),
         residual_norm=(jnp.zeros((1,), jnp.float32) if residual is None else
                        jnp.linalg.norm(residual.astype(jnp.float32))[None]))
     out, start = [], 0
@@ -160,8 +167,9 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int = 1,
-           residuals: Residuals = "global",
+def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int | str = 1,
+           sag: Sag = "auto", residuals: Residuals = "global", alpha: float = 50e-6,
+           beta: float = 1 / 1.25e9,
            axis_size: int | None = None) -> optax.GradientTransformation:
   """SparDL gradient synchronization as an optax transformation.
 
@@ -172,9 +180,12 @@ def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int = 1,
   Args:
     axis_name: the data-parallel mesh axis.
     density: fraction of each block kept by every top-k selection, in (0, 1].
-    teams: number of teams ``d`` (must divide the number of devices).
-    residuals: ``'global'`` (GRES, default), ``'local'`` or ``'none'``; see
-      :class:`~spardl_jax.SparDLConfig`.
+    teams: number of teams ``d`` (must divide the number of devices), or ``'auto'`` to pick
+      it from the alpha-beta model.
+    sag: ``'auto'``, ``'recursive'`` (R-SAG) or ``'bruck'`` (B-SAG) for ``teams > 1``.
+    residuals: ``'global'`` (GRES, default), ``'local'`` or ``'none'``.
+    alpha, beta: latency (s) and seconds per byte of the network, for ``teams='auto'``.
+    See :class:`~spardl_jax.SparDLConfig` for details.
     axis_size: see :func:`sync_gradients`.
 
   Returns:
@@ -185,7 +196,7 @@ def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int = 1,
     Communication", ICDE 2024.
   """
   return sync_gradients("spardl", axis_name=axis_name, axis_size=axis_size, density=density,
-                        teams=teams, residuals=residuals)
+                        teams=teams, sag=sag, residuals=residuals, alpha=alpha, beta=beta)
 
 
 def sync_stats(opt_state) -> SyncStats:

@@ -24,17 +24,65 @@ def compiled(p, config):
   return sj.sharded_allreduce(config, mesh(p), AXIS)
 
 
-def put(p, a):
-  return jax.device_put(jnp.asarray(a), NamedSharding(mesh(p), P(AXIS)))
+def put(p, tree):
+  """Shards every leaf of `tree` over its leading (device) axis, with the full-rank spec
+  jit gives its outputs (so feeding outputs back does not recompile)."""
+  def one(a):
+    a = jnp.asarray(a)
+    return jax.device_put(a, NamedSharding(mesh(p), P(AXIS, *[None] * (a.ndim - 1))))
+  return jax.tree.map(one, tree)
+
+
+def rows(p, n, config, dtype=jnp.float32, residuals=None):
+  """The (P, ...) state of P devices, sharded; `residuals` (P, n) replaces the zeros."""
+  state = sj.allreduce.init_rows(p, n, config, dtype)
+  if residuals is not None:
+    state = state._replace(residual=jnp.asarray(residuals, dtype))
+  return put(p, state)
+
+
+def run_state(xs, state, config):
+  """One all-reduce from a sharded state; returns (ys as NumPy (P, n), new state)."""
+  p = xs.shape[0]
+  ys, state = jax.block_until_ready(compiled(p, config)(put(p, xs), state))
+  return np.asarray(ys), state
 
 
 def run(xs, rs, config):
   """Returns (ys, new_rs) as NumPy arrays of shape (P, n): every device's y and residual."""
-  p = xs.shape[0]
-  ys, new_rs = jax.block_until_ready(compiled(p, config)(put(p, xs), put(p, rs)))
-  return np.asarray(ys), np.asarray(new_rs)
+  p, n = xs.shape
+  ys, state = run_state(xs, rows(p, n, config, xs.dtype, rs), config)
+  return ys, np.asarray(state.residual)
 
 
 def hlo_text(p, n, config, dtype=jnp.float32):
   spec = jax.ShapeDtypeStruct((p, n), dtype, sharding=NamedSharding(mesh(p), P(AXIS)))
-  return compiled(p, config).lower(spec, spec).compile().as_text()
+  state = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh(p), P(AXIS))),
+      jax.eval_shape(lambda: sj.allreduce.init_rows(p, n, config, dtype)))
+  return compiled(p, config).lower(spec, state).compile().as_text()
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_method(p, method):
+  """jit(shard_map(method.apply)) over (P, n) gradients and (P, ...) state rows."""
+  def step(x, state):
+    y, state = method.apply(x[0], jax.tree.map(lambda a: a[0], state), AXIS)
+    return y[None], jax.tree.map(lambda a: a[None], state)
+
+  return jax.jit(jax.shard_map(step, mesh=mesh(p), in_specs=P(AXIS), out_specs=P(AXIS)))
+
+
+def method_rows(p, n, method, dtype=jnp.float32):
+  """The method's initial state for P devices, sharded over its leading axis."""
+  state = method.init(n, dtype, p)
+  return put(p, jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)), state))
+
+
+def method_hlo(p, n, method, dtype=jnp.float32):
+  spec = jax.ShapeDtypeStruct((p, n), dtype, sharding=NamedSharding(mesh(p), P(AXIS)))
+  state = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                     sharding=NamedSharding(mesh(p), P(AXIS))),
+      jax.eval_shape(lambda: method_rows(p, n, method, dtype)))
+  return compiled_method(p, method).lower(spec, state).compile().as_text()

@@ -18,28 +18,40 @@ def layout(n, q, density):
   return m, min(m, max(1, math.ceil(density * m)))
 
 
-def spardl(xs, rs, density, residuals="global"):
+def _top_of_union(s, union, kb):
+  """Mask of the kb largest |s| among `union` (ties to the lower index); all of it if fewer."""
+  keys = np.where(union, np.abs(s.astype(np.float32)), -1)
+  order = np.argsort(-keys, kind="stable")[:kb]
+  kept = np.zeros_like(union)
+  kept[order] = True
+  return kept & union
+
+
+def spardl(xs, rs, density, residuals="global", teams=1, sag="recursive", h=None):
   """One SparDL all-reduce of P workers.
 
   Args:
     xs, rs: (P, n) gradients and residuals, float32.
     residuals: 'global' (GRES), 'local' (each worker keeps its own gradient where it never
       selected anything) or 'none'.
+    teams: d, contiguous teams of Q = P / d.
+    sag: 'recursive' (R-SAG) or 'bruck' (B-SAG, sending top-h pairs across teams).
   Returns:
     y (n,) the mean result, new residuals (P, n).
   """
   p, n = xs.shape
-  q = p
+  d = teams
+  q = p // d
   m, kb = layout(n, q, density)
   g = np.zeros((p, q * m), xs.dtype)
   g[:, :n] = xs + rs
-  buf = g.reshape(p, q, m).copy()        # buf[w, b] = worker w's copy of global block b
+  buf = g.reshape(p, q, m).copy()        # buf[w, b] = worker w's copy of its team's block b
   xi = np.full_like(buf, np.nan)          # in-procedure residuals, each set exactly once
   chose = np.zeros(buf.shape, bool)        # chose[w, b, o]: worker w ever selected it
   l = (q - 1).bit_length()
 
-  def sparsify(w, b):
-    off = topk_offsets(buf[w, b], kb)
+  def sparsify(w, b, k=kb):
+    off = topk_offsets(buf[w, b], k)
     vals = buf[w, b, off].copy()
     assert np.isnan(xi[w, b]).all(), "a block was sparsified twice"
     xi[w, b] = buf[w, b]
@@ -52,20 +64,58 @@ def spardl(xs, rs, density, residuals="global"):
     bag = range(delta, q) if s == 1 else range(delta, 2 * delta)
     inbox = {}
     for w in range(p):
-      inbox[(w + delta) % q] = [((w + j) % q, *sparsify(w, (w + j) % q)) for j in bag]
+      t, r = divmod(w, q)
+      inbox[t * q + (r + delta) % q] = [((r + j) % q, *sparsify(w, (r + j) % q)) for j in bag]
     for w in range(p):
       for b, off, vals in inbox[w]:
         assert np.isnan(xi[w, b]).all(), "received a block already sent"
         buf[w, b, off] += vals
+  # Each worker's pairs of its own block r, as a dense (m,) vector and a mask.
+  vec = np.zeros((p, m), xs.dtype)
+  mask = np.zeros((p, m), bool)
+  for w in range(p):
+    off, vals = sparsify(w, w % q, h if (d > 1 and sag == "bruck") else kb)
+    vec[w, off] = vals
+    mask[w, off] = True
+  shares = []  # R-SAG: per step, (P, m) discard shares
+  if d > 1 and sag == "recursive":
+    for j in range(d.bit_length() - 1):
+      new_vec, new_mask, share = np.zeros_like(vec), np.zeros_like(mask), np.zeros_like(vec)
+      for w in range(p):
+        t, r = divmod(w, q)
+        low, high = sorted([w, (t ^ 2 ** j) * q + r])
+        total = (np.zeros(m, xs.dtype) + vec[low]) + vec[high]
+        union = mask[low] | mask[high]
+        kept = _top_of_union(total, union, kb)
+        new_vec[w] = np.where(kept, total, 0)
+        new_mask[w] = kept
+        share[w] = np.where(union & ~kept, total * np.asarray(0.5 ** (j + 1), xs.dtype), 0)
+      vec, mask = new_vec, new_mask
+      shares.append(share)
+  elif d > 1:
+    new_vec, new_mask = np.zeros_like(vec), np.zeros_like(mask)
+    for w in range(p):
+      r = w % q
+      total = np.zeros(m, xs.dtype)
+      for t in range(d):  # team order
+        total = total + vec[t * q + r]
+      union = mask[r::q].any(axis=0)
+      kept = _top_of_union(total, union, kb)
+      new_vec[w], new_mask[w] = np.where(kept, total, 0), kept
+    vec, mask = new_vec, new_mask
   result = np.zeros(q * m, xs.dtype)
   in_result = np.zeros(q * m, bool)
-  for w in range(p):
-    off, vals = sparsify(w, w)
-    result[w * m + off] = vals
-    in_result[w * m + off] = True
+  for r in range(q):
+    result[r * m:(r + 1) * m] = vec[r]
+    in_result[r * m:(r + 1) * m] = mask[r]
   y = (result / np.asarray(p, xs.dtype))[:n]
   if residuals == "global":
-    new_rs = np.where(in_result, xi.reshape(p, -1), g)
+    kept_xi = xi.reshape(p, -1).copy()
+    for share in shares:  # added step by step, as the shares arrive
+      for w in range(p):
+        r = w % q
+        kept_xi[w, r * m:(r + 1) * m] += share[w]
+    new_rs = np.where(in_result, kept_xi, g)
   elif residuals == "local":
     new_rs = np.where(chose.reshape(p, -1), 0, g)
   else:

@@ -63,12 +63,18 @@ def test_state_wrong_length_and_dtype():
     call(2, x, jnp.zeros(8), CFG)
 
 
-def test_teams_not_dividing_and_not_yet_implemented():
+def test_teams_not_dividing_p_and_bad_sag_options():
   x = jnp.zeros(8)
   with pytest.raises(ValueError, match=r"teams=4 does not divide the 6 workers.*\[1, 2, 3, 6\]"):
     call(6, x, sj.init_state(8, CFG), sj.SparDLConfig(density=0.1, teams=4))
-  with pytest.raises(NotImplementedError, match="teams=2 needs Spar-All-Gather"):
-    call(6, x, sj.init_state(8, CFG), sj.SparDLConfig(density=0.1, teams=2))
+  with pytest.raises(ValueError, match="sag='recursive'.*power of two, got teams=3"):
+    sj.SparDLConfig(density=0.1, teams=3, sag="recursive")
+  with pytest.raises(ValueError, match="sag must be one of"):
+    sj.SparDLConfig(density=0.1, teams=2, sag="ring")
+  with pytest.raises(ValueError, match="teams must be a positive int.*or 'auto'"):
+    sj.SparDLConfig(density=0.1, teams="many")
+  with pytest.raises(ValueError, match="beta must be positive"):
+    sj.SparDLConfig(density=0.1, teams="auto", beta=0)
 
 
 def test_unknown_axis_name():

@@ -36,17 +36,22 @@ class TrainConfig:
   axis_name: str = "data"
 
 
-def parse_variant(text: str, *, density: float, teams: int, residuals: str) -> Variant:
+def parse_teams(text: str):
+  """``--teams`` value: an int or ``'auto'``."""
+  return text if text == "auto" else int(text)
+
+
+def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:
   """``method[:key=value[:key=value...]]`` -> :class:`Variant`.
 
   SparDL options not given in ``text`` come from the command line's ``--density``,
-  ``--teams`` and ``--residuals``.
+  ``--teams``, ``--sag`` and ``--residuals``.
   """
   method, *pairs = text.split(":")
   options = {}
   if method == "spardl":
-    options = {"density": density, "teams": teams, "residuals": residuals}
-  casts = {"density": float, "teams": int, "residuals": str}
+    options = {"density": density, "teams": teams, "sag": sag, "residuals": residuals}
+  casts = {"density": float, "teams": parse_teams, "sag": str, "residuals": str}
   for pair in pairs:
     key, sep, value = pair.partition("=")
     if not sep or key not in casts:

@@ -10,7 +10,7 @@ import os
 
 import jax
 
-from train.config import TrainConfig, parse_variant
+from train.config import TrainConfig, parse_teams, parse_variant
 
 log = logging.getLogger("train")
 
@@ -28,7 +28,10 @@ def _parse_args(argv):
                       "method[:key=value...], e.g. 'dense,spardl,spardl:density=0.001,"
                       "spardl:residuals=local' (default: %(default)s)")
   p.add_argument("--density", type=float, default=0.01, help="SparDL density (default 0.01)")
-  p.add_argument("--teams", type=int, default=1, help="SparDL teams d (default 1)")
+  p.add_argument("--teams", type=parse_teams, default=1,
+                 help="SparDL teams d, or 'auto' for the alpha-beta model's pick (default 1)")
+  p.add_argument("--sag", default="auto", choices=["auto", "recursive", "bruck"],
+                 help="Spar-All-Gather for teams > 1 (default: R-SAG when d is a power of two)")
   p.add_argument("--residuals", default="global", choices=["global", "local", "none"])
   p.add_argument("--devices", type=int, default=d.devices,
                  help="devices on the data axis: simulated CPU devices, or the first N "
@@ -58,7 +61,7 @@ def main(argv=None) -> int:
   from train.train import make_mesh, train_and_evaluate
 
   texts = [args.method] if args.method else args.compare.split(",")
-  variants = tuple(parse_variant(t, density=args.density, teams=args.teams,
+  variants = tuple(parse_variant(t, density=args.density, teams=args.teams, sag=args.sag,
                                  residuals=args.residuals) for t in texts)
   cfg = TrainConfig(model=args.model, model_size=args.model_size, dataset=args.dataset,
                     variants=variants, devices=args.devices, epochs=args.epochs,

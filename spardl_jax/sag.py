@@ -1,0 +1,106 @@
+"""Spar-All-Gather (SAG): combining the d teams' reduced blocks, between SRS and the final
+Bruck all-gather inside each team.
+
+After SRS, the worker at position ``r`` of every team holds its team's sum of block ``r``.
+SAG makes those ``d`` workers agree on one sparse sum of block ``r``:
+
+* **R-SAG** (``d`` a power of two): ``log2 d`` recursive-doubling exchanges of ``kb`` pairs
+  with the same position in team ``t XOR 2^j``; both sides add, keep the top-``kb`` of the
+  sum and share the discard as residual.
+* **B-SAG** (any ``d``): a Bruck all-gather of each worker's top-``h`` pairs across the
+  teams, a sum, and the top-``kb`` of it. ``h`` is adapted by :mod:`spardl_jax.h_controller`;
+  each static size ``h`` of :func:`spardl_jax.schedule.h_ladder` is one ``lax.switch``
+  branch, so ``h`` changes without recompiling and the bytes sent follow it.
+
+Sums are taken over rows in team order, so every worker computes bit-identical results.
+Empty slots carry the offset :data:`~spardl_jax.sparse.INVALID` and the value 0.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spardl_jax import bruck, messages, schedule, topk
+from spardl_jax.sparse import INVALID, in_worker_order, sparse_sum, top_of_union
+
+class Share(NamedTuple):
+  """Discarded R-SAG mass this worker keeps: ``values`` at block ``offsets`` (``(L,)``)."""
+
+  offsets: jax.Array
+  values: jax.Array
+
+
+def recursive_sag(offsets: jax.Array, values: jax.Array, *, kb: int, p: int, q: int,
+                  team: jax.Array, axis_name) -> tuple[jax.Array, jax.Array, list[Share]]:
+  """R-SAG of this worker's ``(kb,)`` pairs of its own block with the other teams.
+
+  At step ``j`` the merged group has ``2^(j+1)`` workers holding identical copies, so each
+  keeps ``1 / 2^(j+1)`` of the discard (the paper's "half" at ``j = 0``; "half" at every step
+  would count a discard ``2^j`` times once groups hold copies).
+
+  Returns:
+    ``(offsets, values, shares)``: the ``(kb,)`` agreed pairs and one :class:`Share` per step.
+  """
+  d = p // q
+  shares = []
+  for j in range(d.bit_length() - 1):
+    message = jax.lax.ppermute(messages.pack(offsets[None], values[None]), axis_name,
+                               perm=schedule.recursive_doubling_permutation(p, q, j))
+    theirs_off, theirs_val = messages.unpack(message, kb, values.dtype)
+    mine_first = (team >> j) % 2 == 0
+    rows_off = jnp.where(mine_first, jnp.stack([offsets, theirs_off[0]]),
+                         jnp.stack([theirs_off[0], offsets]))
+    rows_val = jnp.where(mine_first, jnp.stack([values, theirs_val[0]]),
+                         jnp.stack([theirs_val[0], values]))
+    union = sparse_sum(rows_off, rows_val)
+    offsets, values, kept = top_of_union(union, kb)
+    dropped = (union.offsets != INVALID) & ~kept
+    shares.append(Share(jnp.where(dropped, union.offsets, INVALID),
+                        union.sums * np.asarray(0.5 ** (j + 1), values.dtype)))
+  return offsets, values, shares
+
+
+def by_magnitude(offsets: jax.Array, values: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(kb,)`` pairs reordered by decreasing ``|value|``, ties to the lower offset, so the
+  top-``h`` is a prefix for every ``h``. ``offsets`` must be ascending."""
+  order = jnp.argsort(-topk.keys(values), stable=True)
+  return offsets[order], values[order]
+
+
+def bruck_sag(offsets: jax.Array, values: jax.Array, level: jax.Array, *,
+              ladder: tuple[int, ...], kb: int, p: int, q: int, team: jax.Array,
+              axis_name) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """B-SAG of this worker's candidates with the other teams, sending ``ladder[level]`` pairs.
+
+  The paper also gives each worker ``1/d`` of the discard; a discarded index is never in the
+  final result, so global residual collection restores the gradient there anyway and the
+  share would be overwritten: it is not computed.
+
+  Args:
+    offsets, values: ``(kb,)`` candidates ordered by :func:`by_magnitude`.
+    level: () int32 index into ``ladder``, the same on every worker.
+    ladder: the static message sizes.
+
+  Returns:
+    ``(offsets, values, count)``: the ``(kb,)`` agreed pairs and the () int32 number of
+    distinct indices gathered.
+  """
+  d = p // q
+
+  def branch(h):
+    def gather(offsets, values):
+      message = messages.pack(offsets[None, :h], values[None, :h])
+      rows = bruck.bruck_allgather(
+          message, size=d, axis_name=axis_name,
+          permutation=lambda shift: schedule.cross_team_permutation(p, q, shift))
+      rows_off, rows_val = messages.unpack(in_worker_order(rows, team), h, values.dtype)
+      union = sparse_sum(rows_off, rows_val)
+      kept_off, kept_val, _ = top_of_union(union, kb)
+      return kept_off, kept_val, union.count
+    return gather
+
+  return jax.lax.switch(level, [branch(h) for h in ladder], offsets, values)

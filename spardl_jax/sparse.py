@@ -1,0 +1,109 @@
+"""Sparse vectors as static-shape (offset, value) slots, shared by SparDL's Spar-All-Gather
+and the baseline all-reduces.
+
+A sparse vector is a pair of equal-length arrays: int32 offsets and values. Empty slots
+carry the offset :data:`INVALID` (which sorts last and is dropped by ``mode='drop'``
+scatters) and the value 0. Sums of several vectors are always taken in a fixed row order,
+so every worker that sums the same rows gets bit-identical results.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spardl_jax import topk
+
+INVALID = np.iinfo(np.int32).max
+
+
+class Union(NamedTuple):
+  """A sparse sum: ``offsets`` ``(L,)`` int32 unique and ascending (empty slots
+  :data:`INVALID` at the end), ``sums`` ``(L,)``, and ``count`` () int32 distinct offsets."""
+
+  offsets: jax.Array
+  sums: jax.Array
+  count: jax.Array
+
+
+def sparse_sum(offsets: jax.Array, values: jax.Array) -> Union:
+  """Sums ``R`` sparse rows ``(R, h)`` (offsets unique within a row) in row order."""
+  flat = jnp.sort(offsets.reshape(-1))
+  first = jnp.concatenate([jnp.ones((1,), jnp.bool_), flat[1:] != flat[:-1]])
+  first &= flat != INVALID
+  unique = jnp.sort(jnp.where(first, flat, INVALID))
+  sums = jnp.zeros(unique.shape, values.dtype)
+  for row in range(offsets.shape[0]):  # Row order fixes the float sum on every worker.
+    sums = sums.at[jnp.searchsorted(unique, offsets[row])].add(values[row], mode="drop")
+  return Union(unique, sums, jnp.sum(first, dtype=jnp.int32))
+
+
+def top_of_union(union: Union, kb: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The top-``kb`` entries of a sparse sum by ``|sum|``, ties to the lower offset.
+
+  Returns:
+    ``(offsets, values, kept)``: ``(kb,)`` ascending offsets (empty slots :data:`INVALID`)
+    and their sums, and the ``(L,)`` bool mask of kept union slots.
+  """
+  size = union.offsets.shape[0]
+  if size <= kb:
+    pad = kb - size
+    return (jnp.pad(union.offsets, (0, pad), constant_values=INVALID),
+            jnp.pad(union.sums, (0, pad)), union.offsets != INVALID)
+  # Empty slots sit last with key 0, so a real entry always wins a tie against them.
+  keys = jnp.where(union.offsets != INVALID, topk.keys(union.sums), 0)
+  pos = topk.select(keys[None], kb)[0]
+  kept = jnp.zeros((size,), jnp.bool_).at[pos].set(True) & (union.offsets != INVALID)
+  return union.offsets[pos], union.sums[pos], kept
+
+
+def local_topk(g: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """Exact top-``k`` of a whole ``(n,)`` vector by ``|value|`` (ties to the lower index).
+
+  Returns:
+    ``(offsets, values)``, each ``(k,)``, offsets ascending.
+  """
+  n = g.shape[0]
+  c = topk.chunk_size(n, k)
+  buf = jnp.pad(g, (0, -(-n // c) * c - n))[None]
+  offsets, values = topk.block_topk(buf, jnp.zeros((1,), jnp.int32), k, c)
+  return offsets[0], values[0]
+
+
+def densify(n: int, offsets: jax.Array, values: jax.Array, dtype) -> jax.Array:
+  """``(n,)`` dense sum of sparse rows ``(R, L)`` added in row order (slots may repeat
+  across rows, not within one)."""
+  out = jnp.zeros((n,), dtype)
+  for row in range(offsets.shape[0]):
+    out = out.at[offsets[row]].add(values[row], mode="drop")
+  return out
+
+
+def in_worker_order(rows: jax.Array, rank: jax.Array) -> jax.Array:
+  """Rows gathered in the rotated frame (row ``j`` from worker ``rank + j``) -> worker order."""
+  p = rows.shape[0]
+  return rows[(jnp.arange(p, dtype=jnp.int32) - rank) % p]
+
+
+def topk_count(density: float, n: int) -> int:
+  """``k = min(n, max(1, ceil(density * n)))``: the entries a whole-vector top-k keeps."""
+  return min(n, max(1, int(np.ceil(density * n))))
+
+
+class ResidualState(NamedTuple):
+  """Per-device state of an all-reduce that keeps only a residual: ``residual`` ``(n,)``."""
+
+  residual: jax.Array
+
+
+def check_local(who: str, x: jax.Array, residual: jax.Array) -> None:
+  """Clear trace-time errors for a wrong local gradient or residual."""
+  if not jnp.issubdtype(x.dtype, jnp.floating) or x.ndim != 1:
+    raise ValueError(f"{who}: x must be a flat float gradient of shape (n,), got "
+                     f"{x.dtype}{list(x.shape)}.")
+  if residual.shape != x.shape or residual.dtype != x.dtype:
+    raise ValueError(f"{who}: the residual is {residual.dtype}{list(residual.shape)} but x is "
+                     f"{x.dtype}{list(x.shape)}; initialize the state for this gradient.")

@@ -1,0 +1,158 @@
+"""The paper's competitors (TopkA, TopkDSA, gTopk, Ok-Topk) and dense: NumPy models,
+conservation, bit-identical devices, any P, HLO traffic equal to their formulas, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import spardl_jax as sj
+from tests import harness, reference_baselines
+from tests.test_allreduce import assert_conserved, gradients
+
+MODELS = {"topka": reference_baselines.topka, "topkdsa": reference_baselines.topkdsa,
+          "gtopk": reference_baselines.gtopk}
+
+
+def run(p, method, xs, state):
+  ys, state = harness.compiled_method(p, method)(harness.put(p, xs), state)
+  return np.asarray(ys), state
+
+
+@pytest.mark.parametrize("density", [1.0, 0.05])
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6, 8])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_matches_numpy_model(name, p, density):
+  n = 1237
+  method = sj.methods.make(name, density=density)
+  state = harness.method_rows(p, n, method)
+  rng = np.random.default_rng(p)
+  for it in range(2):
+    xs = gradients(rng, p, n, heavy_tails=it == 1)
+    rs = np.asarray(state.residual)
+    ys, state = run(p, method, xs, state)
+    want_y, want_rs = MODELS[name](xs, rs, density)
+    np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
+    np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(state.residual), want_rs, rtol=1e-6, atol=1e-6)
+    assert_conserved(xs, rs, ys, np.asarray(state.residual))
+    if density == 1:
+      np.testing.assert_allclose(ys[0], (xs + rs).mean(0), rtol=1e-5, atol=1e-6)
+
+
+def test_topkdsa_overflow_stays_in_the_residual_and_dense_gather():
+  """A tiny capacity overflows (entries wait in the residual); a large one gathers dense."""
+  p, n = 4, 1000
+  xs = gradients(np.random.default_rng(0), p, n)
+  for capacity, dense in [(0.25, False), (8.0, True)]:
+    method = sj.methods.make("topkdsa", density=0.2, capacity=capacity)
+    assert sj.topkdsa.sizes(p, n, method.config)[3] == dense
+    state = harness.method_rows(p, n, method)
+    ys, state = run(p, method, xs, state)
+    want_y, want_rs = reference_baselines.topkdsa(xs, np.zeros_like(xs), 0.2, capacity)
+    np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(state.residual), want_rs, rtol=1e-6)
+
+
+@pytest.mark.parametrize("p", [2, 5, 6, 8])
+def test_oktopk_conserves_and_agrees_on_every_device(p):
+  n = 2000
+  method = sj.methods.make("oktopk", density=0.05, tau=3, tau_regions=2)
+  k, c = sj.oktopk.capacity(p, n, method.config)
+  state = harness.method_rows(p, n, method)
+  rng = np.random.default_rng(p)
+  for it in range(7):
+    xs = gradients(rng, p, n, heavy_tails=it % 2 == 1)
+    rs = np.asarray(state.residual)
+    ys, state = run(p, method, xs, state)
+    np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
+    assert_conserved(xs, rs, ys, np.asarray(state.residual))
+    for leaf in (state.global_threshold, state.boundaries):
+      np.testing.assert_array_equal(np.asarray(leaf), np.asarray(leaf)[:1].repeat(p, 0))
+    bounds = np.asarray(state.boundaries)[0]
+    assert bounds[0] == 0 and bounds[-1] == n and np.all(np.diff(bounds) >= 0)
+    if it % 3 == 0:  # re-estimation step: the exact global top-k (capacity allowing)
+      assert np.count_nonzero(ys[0]) <= max(k, 1) + p  # ties at the threshold may add a few
+    assert np.count_nonzero(ys[0]) <= p * c
+
+
+def test_oktopk_with_exact_thresholds_is_pmean_at_density_one():
+  p, n = 3, 600
+  method = sj.methods.make("oktopk", density=1.0, tau=1)
+  state = harness.method_rows(p, n, method)
+  rng = np.random.default_rng(0)
+  for _ in range(3):
+    xs = gradients(rng, p, n)
+    rs = np.asarray(state.residual)
+    ys, state = run(p, method, xs, state)
+    np.testing.assert_allclose(ys[0], (xs + rs).mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state.residual), 0, atol=1e-6)
+
+
+@pytest.mark.parametrize("p", [2, 3, 6, 8])
+@pytest.mark.parametrize("name", ["dense", "topka", "topkdsa", "gtopk", "oktopk"])
+def test_hlo_traffic_equals_the_formula(name, p):
+  n = 3000
+  method = sj.methods.make(name) if name == "dense" else sj.methods.make(name, density=0.02)
+  hlo = sj.traffic.parse_hlo(harness.method_hlo(p, n, method))
+  want = method.formula(p, n, 4)
+  if name == "dense":
+    assert hlo.rounds == 0 and [c.op for c in hlo.others] == ["all-reduce"]
+    assert hlo.largest_other() == n
+    return
+  assert not hlo.others
+  assert hlo.rounds == want["rounds"]
+  sent = [hlo.bytes_sent(d) for d in range(p)]
+  assert max(sent) == want["bytes"]
+  if "bytes_per_device" in want:
+    assert sent == want["bytes_per_device"]
+  else:
+    assert sent == [want["bytes"]] * p
+
+
+def test_gtopk_bytes_per_device_follow_the_tree():
+  cost = sj.gtopk.formula(6, 1000, sj.gtopk.GTopkConfig(density=0.01))
+  k_pair = 10 * 8
+  # Ranks 0..5: 0 merges 1, 2, 4; 2 merges 3; 4 merges 5. A rank sends once up its edge
+  # and once down each child's edge.
+  assert cost["bytes_per_device"] == [3 * k_pair, 1 * k_pair, 2 * k_pair, 1 * k_pair,
+                                      2 * k_pair, 1 * k_pair]
+
+
+def test_transformation_runs_every_method_and_reports_its_bytes():
+  from tests.test_transform import put_rows, update_fn
+  p = 4
+  params = {"w": jnp.zeros((50, 20))}
+  grads = {"w": jnp.asarray(gradients(np.random.default_rng(1), p, 1000).reshape(p, 50, 20))}
+  for name in ["topka", "topkdsa", "gtopk", "oktopk"]:
+    tx = sj.sync_gradients(name, density=0.05)
+    state = sj.init_opt_state(tx, params, harness.mesh(p))
+    f = update_fn(tx, p, params)
+    updates, state = f(put_rows(p, grads), state)
+    hlo = sj.traffic.parse_hlo(f.lower(put_rows(p, grads), state).compile().as_text())
+    np.testing.assert_array_equal(np.asarray(state.stats.bytes_sent),
+                                  [hlo.bytes_sent(d) for d in range(p)])
+    assert np.count_nonzero(np.asarray(updates["w"])) > 0
+
+
+@pytest.mark.parametrize("name,options,match", [
+    ("topka", {"density": 0}, "density"),
+    ("topkdsa", {"density": 0.1, "capacity": 0}, "capacity must be positive"),
+    ("gtopk", {"density": 2.0}, "density"),
+    ("oktopk", {"density": 0.1, "tau": 0}, "tau must be positive"),
+    ("oktopk", {"density": 0.1, "tau_regions": 1.5}, "tau_regions must be positive"),
+])
+def test_bad_options(name, options, match):
+  with pytest.raises(ValueError, match=match):
+    sj.methods.make(name, **options)
+
+
+def test_bad_input_is_caught_at_trace_time():
+  method = sj.methods.make("gtopk", density=0.1)
+  with pytest.raises(ValueError, match="gtopk_allreduce: the residual is"):
+    jax.eval_shape(jax.shard_map(
+        lambda x: method.apply(x[0], sj.sparse.ResidualState(jnp.zeros(5)), "data")[0][None],
+        mesh=harness.mesh(2), in_specs=jax.sharding.PartitionSpec("data"),
+        out_specs=jax.sharding.PartitionSpec("data")), harness.put(2, jnp.zeros((2, 8))))
+  with pytest.raises(TypeError):
+    sj.methods.make("topka", density=0.1, teams=2)
