@@ -13,7 +13,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec
 
 from spardl_jax import bruck, cost, gres, h_controller, messages, sag, schedule, sparse, srs, topk
 from spardl_jax.config import BlockLayout, SparDLConfig
@@ -215,38 +214,6 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
       at = jnp.where(in_result.at[at].get(mode="fill", fill_value=False), at, size)
       residual = residual.at[at].add(share.values, mode="drop")
   return y, SparDLState(residual=_unblock(residual, layout, mc), controller=controller)
-
-
-def init_rows(p: int, n: int, config: SparDLConfig, dtype=jnp.float32) -> SparDLState:
-  """:func:`init_state` for ``p`` devices at once: every leaf gets a leading ``(p,)`` axis."""
-  return jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)), init_state(n, config, dtype))
-
-
-def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: str = "data"):
-  """``spardl_allreduce`` over arrays that hold one row per device, jitted.
-
-  The per-device state lives in arrays with a leading device axis sharded over
-  ``axis_name``: the residual is ``(P, n)`` (each device sees its ``(1, n)`` row), the layout
-  optimizer state uses in data-parallel JAX.
-
-  Args:
-    config: the all-reduce options.
-    mesh: a mesh with axis ``axis_name`` of size ``P``.
-    axis_name: the mesh axis to reduce over.
-
-  Returns:
-    ``f(grads, state) -> (ys, state)``: ``grads`` ``(P, n)`` (row ``w`` is device ``w``'s
-    gradient) and ``state`` from :func:`init_rows`, both sharded ``PartitionSpec(axis_name)``;
-    every row of ``ys`` is the same mean.
-  """
-  rows = PartitionSpec(axis_name)
-
-  def step(grad, state):
-    y, state = spardl_allreduce(grad[0], jax.tree.map(lambda a: a[0], state), config,
-                                axis_name=axis_name)
-    return y[None], jax.tree.map(lambda a: a[None], state)
-
-  return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(rows, rows), out_specs=(rows, rows)))
 
 
 def _unblock(flat: jax.Array, layout: BlockLayout, mc: int) -> jax.Array:

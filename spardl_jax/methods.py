@@ -24,6 +24,8 @@ from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from spardl_jax import gtopk, oktopk, topka, topkdsa, traffic
 from spardl_jax.allreduce import init_state, resolve_teams, spardl_allreduce
@@ -138,3 +140,34 @@ def make(method: str, **options) -> AllReduce:
     module, config_class = baselines[method]
     return _baseline(method, module, config_class(**options))
   raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+
+
+def init_rows(method: AllReduce, p: int, n: int, dtype=jnp.float32):
+  """``method``'s initial state for ``p`` devices: every leaf gets a leading ``(p,)`` axis."""
+  return jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)), method.init(n, dtype, p))
+
+
+def sharded(method: AllReduce, mesh: jax.sharding.Mesh, axis_name: str = "data"):
+  """``method`` over arrays that hold one row per device, jitted.
+
+  Per-device state lives in arrays with a leading device axis sharded over ``axis_name``
+  (the residual is ``(P, n)``; each device sees its ``(1, n)`` row), the layout optimizer
+  state uses in data-parallel JAX.
+
+  Returns:
+    ``f(grads, state) -> (ys, state)``: ``grads`` ``(P, n)`` (row ``w`` is device ``w``'s
+    gradient) and ``state`` from :func:`init_rows`, both sharded ``PartitionSpec(axis_name)``;
+    every row of ``ys`` is the same mean.
+  """
+  rows = PartitionSpec(axis_name)
+
+  def step(grad, state):
+    y, state = method.apply(grad[0], jax.tree.map(lambda a: a[0], state), axis_name)
+    return y[None], jax.tree.map(lambda a: a[None], state)
+
+  return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(rows, rows), out_specs=(rows, rows)))
+
+
+def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: str = "data"):
+  """:func:`sharded` for SparDL with ``config``; state from ``init_rows(spardl(config), ...)``."""
+  return sharded(spardl(config), mesh, axis_name)

@@ -35,7 +35,7 @@ def put(p, tree):
 
 def rows(p, n, config, dtype=jnp.float32, residuals=None):
   """The (P, ...) state of P devices, sharded; `residuals` (P, n) replaces the zeros."""
-  state = sj.allreduce.init_rows(p, n, config, dtype)
+  state = sj.methods.init_rows(sj.methods.spardl(config), p, n, dtype)
   if residuals is not None:
     state = state._replace(residual=jnp.asarray(residuals, dtype))
   return put(p, state)
@@ -59,24 +59,19 @@ def hlo_text(p, n, config, dtype=jnp.float32):
   spec = jax.ShapeDtypeStruct((p, n), dtype, sharding=NamedSharding(mesh(p), P(AXIS)))
   state = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh(p), P(AXIS))),
-      jax.eval_shape(lambda: sj.allreduce.init_rows(p, n, config, dtype)))
+      jax.eval_shape(lambda: sj.methods.init_rows(sj.methods.spardl(config), p, n, dtype)))
   return compiled(p, config).lower(spec, state).compile().as_text()
 
 
 @functools.lru_cache(maxsize=None)
 def compiled_method(p, method):
   """jit(shard_map(method.apply)) over (P, n) gradients and (P, ...) state rows."""
-  def step(x, state):
-    y, state = method.apply(x[0], jax.tree.map(lambda a: a[0], state), AXIS)
-    return y[None], jax.tree.map(lambda a: a[None], state)
-
-  return jax.jit(jax.shard_map(step, mesh=mesh(p), in_specs=P(AXIS), out_specs=P(AXIS)))
+  return sj.methods.sharded(method, mesh(p), AXIS)
 
 
 def method_rows(p, n, method, dtype=jnp.float32):
   """The method's initial state for P devices, sharded over its leading axis."""
-  state = method.init(n, dtype, p)
-  return put(p, jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)), state))
+  return put(p, sj.methods.init_rows(method, p, n, dtype))
 
 
 def method_hlo(p, n, method, dtype=jnp.float32):
