@@ -70,3 +70,62 @@ def gtopk(xs, rs, density):
   for o, v in held[0].items():
     y[o] = v / np.asarray(p, xs.dtype)
   return y, new_rs
+
+
+def oktopk_init(p, n):
+  region = -(-n // p)
+  return {"residual": np.zeros((p, n), np.float32), "local": np.zeros(p, np.float32),
+          "global": np.float32(0), "bounds": np.minimum(np.arange(p + 1) * region, n),
+          "step": 0}
+
+
+def _kth(magnitudes, k):
+  return np.sort(magnitudes)[::-1][k - 1]
+
+
+def oktopk(xs, state, density, capacity=2.0, tau=32, tau_regions=32):
+  """One Ok-Topk step; thresholds are |value| magnitudes (float32). Returns (y, state)."""
+  p, n = xs.shape
+  k = _k(density, n)
+  c = max(1, min(n, math.ceil(capacity * k / p)))
+  estimate = state["step"] % tau == 0
+  g = xs + state["residual"]
+  residual = g.copy()
+  local = state["local"].copy()
+  bounds = state["bounds"]
+  owner = np.clip(np.searchsorted(bounds, np.arange(n), side="right") - 1, 0, p - 1)
+  totals = [dict() for _ in range(p)]  # owner j: offset -> sum, in sender order
+  for w in range(p):
+    if estimate:
+      local[w] = _kth(np.abs(g[w]), k)
+    for j in range(p):
+      mine = [i for i in np.flatnonzero(np.abs(g[w]) >= local[w]) if owner[i] == j][:c]
+      for i in mine:
+        totals[j][i] = totals[j].get(i, np.float32(0)) + g[w, i]
+        residual[w, i] = 0
+  sent = []
+  for j in range(p):
+    offs = np.array(sorted(totals[j]), dtype=np.int64)
+    sums = np.array([totals[j][i] for i in offs], np.float32)
+    candidate = np.ones(len(offs), bool) if estimate else np.abs(sums) >= state["global"]
+    keys = np.where(candidate, np.abs(sums), -1)
+    chosen = np.sort(np.argsort(-keys, kind="stable")[:c])
+    chosen = chosen[candidate[chosen]]
+    for idx in np.setdiff1d(np.arange(len(offs)), chosen):
+      residual[j, offs[idx]] += sums[idx]
+    sent.append((offs[chosen], sums[chosen]))
+  gathered = np.concatenate([np.abs(v) for _, v in sent] + [np.zeros(p * c)])[:p * c]
+  threshold = _kth(gathered, min(k, p * c)) if estimate else state["global"]
+  y = np.zeros(n, np.float32)
+  result = []
+  for j, (offs, sums) in enumerate(sent):
+    accept = np.abs(sums) >= threshold
+    y[offs[accept]] = sums[accept] / np.float32(p)
+    result.extend(offs[accept].tolist())
+    for i, v in zip(offs[~accept], sums[~accept]):
+      residual[j, i] += v
+  if (state["step"] + 1) % tau_regions == 0 and len(result) >= p:
+    ordered = np.sort(result)
+    bounds = np.concatenate([[0], ordered[(np.arange(1, p) * len(ordered)) // p], [n]])
+  return y, {"residual": residual, "local": local, "global": np.float32(threshold),
+             "bounds": bounds, "step": state["step"] + 1}

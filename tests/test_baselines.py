@@ -76,6 +76,25 @@ def test_oktopk_conserves_and_agrees_on_every_device(p):
     assert np.count_nonzero(ys[0]) <= p * c
 
 
+@pytest.mark.parametrize("p", [2, 5, 6])
+def test_oktopk_matches_numpy_model(p):
+  """Thresholds re-estimated every 3 steps, regions re-balanced every 2, capacity overflow."""
+  n = 1500
+  options = dict(capacity=1.5, tau=3, tau_regions=2)
+  method = sj.methods.make("oktopk", density=0.05, **options)
+  state = harness.method_rows(p, n, method)
+  want = reference_baselines.oktopk_init(p, n)
+  rng = np.random.default_rng(p)
+  for it in range(6):
+    xs = gradients(rng, p, n, heavy_tails=it % 2 == 1)
+    ys, state = run(p, method, xs, state)
+    want_y, want = reference_baselines.oktopk(xs, want, 0.05, **options)
+    np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(state.residual), want["residual"], rtol=1e-6,
+                               atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(state.boundaries)[0], want["bounds"])
+
+
 def test_oktopk_with_exact_thresholds_is_pmean_at_density_one():
   p, n = 3, 600
   method = sj.methods.make("oktopk", density=1.0, tau=1)

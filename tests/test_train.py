@@ -66,13 +66,15 @@ def test_cli_smoke_run_writes_metrics_and_plot(tmp_path):
   out = tmp_path / "run"
   rc = main.main(["--dataset", "digits", "--model", "mlp", "--model-size", "tiny", "--epochs",
                   "1", "--devices", "4", "--batch-size", "64", "--out", str(out),
-                  "--no-progress", "--compare", "dense,spardl:residuals=local"])
+                  "--no-progress", "--compare",
+                  "dense,spardl:residuals=local,oktopk:tau=4"])
   assert rc == 0
   for name in ("metrics.json", "metrics.csv", "accuracy.png"):
     assert os.path.getsize(out / name) > 0
   runs = json.loads((out / "metrics.json").read_text())["runs"]
-  assert [r["method"] for r in runs] == ["dense", "spardl:residuals=local"]
+  assert [r["method"] for r in runs] == ["dense", "spardl:residuals=local", "oktopk:tau=4"]
   assert runs[1]["bytes_per_step"] < runs[0]["bytes_per_step"]
+  assert runs[2]["bytes_per_step"] < runs[0]["bytes_per_step"]
 
 
 def test_spardl_reaches_accuracy_on_digits(digits):

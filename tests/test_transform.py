@@ -98,9 +98,11 @@ def test_stats_bytes_equal_the_compiled_traffic():
 
 
 def test_state_structure_and_dtypes_are_stable_and_jit_does_not_recompile():
+  """With a learning-rate schedule in the chain, as trainers use it."""
   p = 4
   params = {k: v for k, v in params_tree().items() if k != "c"}
-  tx = optax.chain(sj.spardl(density=0.05), optax.sgd(0.1, momentum=0.9))
+  schedule = optax.linear_schedule(0.1, 0.01, transition_steps=10)
+  tx = optax.chain(sj.spardl(density=0.05), optax.sgd(schedule, momentum=0.9))
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   f = update_fn(tx, p, params)
   before = jax.tree.map(lambda a: (a.shape, a.dtype), state)

@@ -44,14 +44,18 @@ def parse_teams(text: str):
 def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:
   """``method[:key=value[:key=value...]]`` -> :class:`Variant`.
 
-  SparDL options not given in ``text`` come from the command line's ``--density``,
-  ``--teams``, ``--sag`` and ``--residuals``.
+  Options not given in ``text`` come from the command line: ``--density`` for every
+  sparse method, and ``--teams``, ``--sag`` and ``--residuals`` for SparDL. Baselines take
+  their own keys (``capacity``, ``tau``, ``tau_regions``; see :mod:`spardl_jax.methods`).
   """
   method, *pairs = text.split(":")
   options = {}
   if method == "spardl":
     options = {"density": density, "teams": teams, "sag": sag, "residuals": residuals}
-  casts = {"density": float, "teams": parse_teams, "sag": str, "residuals": str}
+  elif method != "dense":  # the baselines
+    options = {"density": density}
+  casts = {"density": float, "teams": parse_teams, "sag": str, "residuals": str,
+           "capacity": float, "tau": int, "tau_regions": int}
   for pair in pairs:
     key, sep, value = pair.partition("=")
     if not sep or key not in casts:
