@@ -1,6 +1,6 @@
 """spardl_jax: SparDL sparse all-reduce (ICDE 2024) for JAX data-parallel training."""
 
-from spardl_jax import methods, schedule, traffic
+from spardl_jax import distributed, methods, schedule, traffic
 from spardl_jax.allreduce import SparDLState, init_state, spardl_allreduce
 from spardl_jax.config import BlockLayout, SparDLConfig
 from spardl_jax.data_parallel import (
@@ -23,6 +23,7 @@ __all__ = [
     "SparDLState",
     "SyncState",
     "SyncStats",
+    "distributed",
     "init_opt_state",
     "init_state",
     "methods",

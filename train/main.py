@@ -46,6 +46,9 @@ def _parse_args(argv):
                  help="save the train state (residuals included) after every epoch under "
                       "OUT/checkpoints/METHOD and resume from there when present")
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
+  p.add_argument("--distributed", action="store_true",
+                 help="join a multi-host job detected by jax.distributed.initialize() "
+                      "(SLURM, Open MPI, ...); python -m spardl_jax.launch needs no flag")
   return p.parse_args(argv)
 
 
@@ -53,10 +56,17 @@ def main(argv=None) -> int:
   args = _parse_args(argv)
   logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
   log.setLevel(logging.INFO)
-  try:  # Only the CPU backend reads it, and only before it starts.
-    jax.config.update("jax_num_cpu_devices", max(args.devices, 1))
-  except RuntimeError:  # Started already (an embedding program); make_mesh checks --devices.
-    pass
+  from spardl_jax import distributed
+
+  # A multi-process job (python -m spardl_jax.launch, or --distributed on a cluster) sets
+  # its local devices itself; --devices then counts the devices of all processes.
+  if not distributed.initialize(auto=args.distributed):
+    try:  # Only the CPU backend reads it, and only before it starts.
+      jax.config.update("jax_num_cpu_devices", max(args.devices, 1))
+    except RuntimeError:  # Started already (an embedding program); make_mesh checks it.
+      pass
+  if jax.process_index() != 0:
+    log.setLevel(logging.WARNING)  # one logging process
   from train import input_pipeline, report
   from train.train import make_mesh, train_and_evaluate
 
@@ -82,8 +92,8 @@ def main(argv=None) -> int:
     log.info("%s: test accuracy %.4f after %d epochs (%d params, %.1f ms/step)", variant.label,
              last["test_accuracy"], cfg.epochs, result.num_params, result.time_per_step * 1e3)
     results.append(result)
-  config = dataclasses.asdict(cfg)
-  paths = report.write(cfg.out, results, config)
-  print(report.format_table(results))
-  log.info("wrote %s", ", ".join(paths))
+  if jax.process_index() == 0:
+    paths = report.write(cfg.out, results, dataclasses.asdict(cfg))
+    print(report.format_table(results))
+    log.info("wrote %s", ", ".join(paths))
   return 0

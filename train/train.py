@@ -129,6 +129,11 @@ def compile_steps(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.
   return train, evaluate
 
 
+def _host(x) -> np.ndarray:
+  """This process's first copy/row of ``x`` (whole arrays may span processes)."""
+  return np.asarray(x.addressable_data(0))
+
+
 class RunResult(NamedTuple):
   """What one variant's training produced.
 
@@ -153,7 +158,7 @@ def evaluate_model(evaluate, params, ds, mesh, cfg: TrainConfig) -> tuple[float,
   """Test-set mean loss and accuracy."""
   total = np.zeros(3)
   for batch in input_pipeline.eval_batches(ds, cfg.batch_size):
-    total += np.asarray(evaluate(params, input_pipeline.shard(batch, mesh, cfg.axis_name)))
+    total += _host(evaluate(params, input_pipeline.shard(batch, mesh, cfg.axis_name)))
   return total[0] / total[2], total[1] / total[2]
 
 
@@ -187,8 +192,8 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
     log.info("%s: resumed from %s after epoch %d", variant.label, checkpoint_dir, done)
   steps_per_epoch = len(ds.y_train) // cfg.batch_size
   bar = tqdm(total=(cfg.epochs - first + 1) * steps_per_epoch, desc=variant.label,
-             disable=not progress, unit="step", leave=False)
-  bytes_per_step = float(np.asarray(sj.sync_stats(state.opt_state).bytes_sent)[0])
+             disable=not progress or jax.process_index() != 0, unit="step", leave=False)
+  bytes_per_step = float(_host(sj.sync_stats(state.opt_state).bytes_sent)[0])
   for epoch in range(first, cfg.epochs + 1):
     losses, accs = [], []
     for batch in input_pipeline.train_batches(ds, cfg.batch_size, seed=cfg.seed, epoch=epoch):
@@ -198,17 +203,17 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
       jax.block_until_ready(state)
       times.append(time.perf_counter() - start)
       stats = sj.sync_stats(state.opt_state)
-      bytes_per_step = float(np.asarray(stats.bytes_sent)[0])
+      bytes_per_step = float(_host(stats.bytes_sent)[0])
       sent += bytes_per_step
-      losses.append(float(metrics.loss))
-      accs.append(float(metrics.accuracy))
+      losses.append(float(_host(metrics.loss)))
+      accs.append(float(_host(metrics.accuracy)))
       bar.update()
       bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3f}")
     test_loss, test_acc = evaluate_model(evaluate, state.params, ds, mesh, cfg)
     history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
                     "train_accuracy": float(np.mean(accs)), "test_loss": float(test_loss),
                     "test_accuracy": float(test_acc), "bytes_sent": sent,
-                    "residual_norm": float(np.mean(stats.residual_norm))})
+                    "residual_norm": float(np.mean(_host(stats.residual_norm)))})
     if mgr:
       checkpoint.save(mgr, epoch, state, history)
   bar.close()

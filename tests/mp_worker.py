@@ -1,0 +1,90 @@
+"""A rank of the multi-process tests, started by ``python -m spardl_jax.launch``.
+
+``python tests/mp_worker.py MODE OUT``:
+
+* ``allreduce``: one SparDL all-reduce (d = 1 and d = 2) and one TopkA all-reduce of fixed
+  inputs over every device of the job; each rank saves the rows of its devices.
+* ``train``: 2 epochs of the digits trainer with SparDL; rank 0 saves the parameters and
+  every rank its devices' residual rows.
+* ``crash``: rank 1 dies after joining; the others wait in a collective.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from spardl_jax import distributed  # noqa: E402
+
+distributed.initialize()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import spardl_jax as sj  # noqa: E402
+
+P_ALL = jax.device_count()
+N = 3001
+CASES = {"spardl": dict(density=0.05), "spardl_teams": dict(density=0.05, teams=2),
+         "topka": dict(density=0.05)}
+
+
+def inputs(p, n, seed=0):
+  return np.random.default_rng(seed).standard_normal((p, n)).astype(np.float32)
+
+
+def put_rows(rows, a):
+  """The (P, ...) array `a` sharded by rows; each process supplies its devices' rows."""
+  return jax.make_array_from_callback(a.shape, rows, lambda index: a[index])
+
+
+def local_rows(x):
+  """{global row: values} for the rows of this process's devices."""
+  return {s.index[0].start: np.asarray(s.data)[0] for s in x.addressable_shards}
+
+
+def main(mode, out):
+  rank = jax.process_index()
+  mesh = jax.make_mesh((P_ALL,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+  rows = NamedSharding(mesh, P("data"))
+  if mode == "allreduce":
+    xs = inputs(P_ALL, N)
+    saved = {}
+    for name, options in CASES.items():
+      method = sj.methods.make(name.split("_")[0], **options)
+      state = jax.tree.map(lambda a: put_rows(rows, np.asarray(a)),
+                           sj.methods.init_rows(method, P_ALL, N))
+      ys, state = sj.methods.sharded(method, mesh)(put_rows(rows, xs), state)
+      for row, value in local_rows(ys).items():
+        saved[f"{name}_y_{row}"] = value
+      for row, value in local_rows(state.residual).items():
+        saved[f"{name}_r_{row}"] = value
+    np.savez(os.path.join(out, f"rank{rank}.npz"), **saved)
+  elif mode == "train":
+    from train import input_pipeline
+    from train.config import TrainConfig, Variant
+    from train.train import make_mesh, train_and_evaluate
+    cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=P_ALL,
+                      epochs=2, batch_size=64)
+    result = train_and_evaluate(cfg, Variant("spardl", "spardl", {"density": 0.05}),
+                                input_pipeline.load("digits"), make_mesh(P_ALL),
+                                progress=False)
+    saved = {f"r_{row}": v for row, v in
+             local_rows(result.state.opt_state[0].method_state.residual).items()}
+    for i, leaf in enumerate(jax.tree.leaves(result.state.params)):
+      saved[f"param_{i}"] = np.asarray(leaf.addressable_data(0))
+    np.savez(os.path.join(out, f"rank{rank}.npz"), **saved)
+  elif mode == "crash":
+    if rank == 1:
+      os._exit(3)
+    x = put_rows(rows, np.ones((P_ALL, 8), np.float32))
+    f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "data"), mesh=mesh,
+                              in_specs=P("data"), out_specs=P("data")))
+    while True:  # the peer is gone: gloo or the coordinator's heartbeat must end this
+      jax.block_until_ready(f(x))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,93 @@
+"""Several local processes (jax.distributed + gloo) give the same bits as one process with
+simulated devices; a dead rank stops the job. Hard timeouts everywhere: nothing may hang."""
+
+import glob
+import io
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import spardl_jax as sj
+from spardl_jax import launch
+from tests import harness, mp_worker
+
+WORKER = os.path.join(os.path.dirname(__file__), "mp_worker.py")
+
+
+def run_job(mode, tmp_path, processes=2, devices=2, timeout=240):
+  out = io.StringIO()
+  code = launch.launch([sys.executable, WORKER, mode, str(tmp_path)], processes=processes,
+                       devices_per_process=devices, timeout=timeout, out=out)
+  return code, out.getvalue()
+
+
+def load(tmp_path):
+  saved = {}
+  for path in sorted(glob.glob(str(tmp_path / "rank*.npz"))):
+    saved.update(dict(np.load(path)))
+  return saved
+
+
+def test_allreduce_over_processes_is_bit_identical_to_simulated_devices(tmp_path):
+  code, log = run_job("allreduce", tmp_path)
+  assert code == 0, log
+  saved = load(tmp_path)
+  p = 4
+  xs = mp_worker.inputs(p, mp_worker.N)
+  for name, options in mp_worker.CASES.items():
+    method = sj.methods.make(name.split("_")[0], **options)
+    ys, state = harness.compiled_method(p, method)(harness.put(p, xs),
+                                                   harness.method_rows(p, mp_worker.N, method))
+    for row in range(p):
+      np.testing.assert_array_equal(saved[f"{name}_y_{row}"], np.asarray(ys)[row])
+      np.testing.assert_array_equal(saved[f"{name}_r_{row}"], np.asarray(state.residual)[row])
+
+
+def test_training_over_processes_matches_one_process(tmp_path):
+  code, log = run_job("train", tmp_path)
+  assert code == 0, log
+  saved = load(tmp_path)
+  from train import input_pipeline
+  from train.config import TrainConfig, Variant
+  from train.train import make_mesh, train_and_evaluate
+  cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=4, epochs=2,
+                    batch_size=64)
+  result = train_and_evaluate(cfg, Variant("spardl", "spardl", {"density": 0.05}),
+                              input_pipeline.load("digits"), make_mesh(4), progress=False)
+  for i, leaf in enumerate(jax.tree.leaves(result.state.params)):
+    np.testing.assert_array_equal(saved[f"param_{i}"], np.asarray(leaf))
+  residual = np.asarray(result.state.opt_state[0].method_state.residual)
+  for row in range(4):
+    np.testing.assert_array_equal(saved[f"r_{row}"], residual[row])
+
+
+def test_a_dead_rank_stops_the_job_quickly(tmp_path):
+  start = time.monotonic()
+  code, log = run_job("crash", tmp_path, timeout=60)
+  assert code != 0
+  assert time.monotonic() - start < 45, log
+  assert "rank 1 exited with 3" in log
+
+
+def test_launcher_timeout_and_usage():
+  out = io.StringIO()
+  start = time.monotonic()
+  code = launch.launch([sys.executable, "-c", "import time; time.sleep(60)"], processes=2,
+                       timeout=2, out=out)
+  assert code == 124 and time.monotonic() - start < 15
+  assert launch.main(["--processes", "2"]) == 2
+
+
+@pytest.mark.parametrize("processes,local", [(1, 4), (2, 2)])
+def test_host_teams(processes, local):
+  class Device:
+    def __init__(self, process_index):
+      self.process_index = process_index
+  devices = [Device(p) for p in range(processes) for _ in range(local)]
+  assert sj.distributed.host_teams(devices) == processes
+  with pytest.raises(ValueError, match="process order"):
+    sj.distributed.host_teams(devices[::-1] if processes > 1 else [Device(1), Device(0)])
