@@ -13,8 +13,9 @@ For each device count ``P``, gradient size ``n`` and method (SparDL once per tea
 * the rounds and the bytes each device sends, measured from the compiled HLO, next to the
   method's formula (dense ``pmean`` is one all-reduce op: its ring cost is the formula);
 * the compute time of one call (median of ``--repeats``, each call waited for, which also
-  guards against the CPU rendezvous deadlock of many simulated devices on few cores), when
-  the arrays fit in ``--max-memory-gb`` (simulated devices share this machine's memory);
+  guards against the CPU rendezvous deadlock of many simulated devices on few cores; the
+  state is fed back after a warm-up call, as in training), when the arrays fit in
+  ``--max-memory-gb`` (simulated devices share this machine's memory);
 * the alpha-beta modeled time ``rounds * alpha + bytes * beta`` for ``--alpha``/``--beta``
   (default 10 Gbit/s Ethernet) and for 100 Gbit/s InfiniBand (``*`` marks the SparDL ``d``
   that ``teams='auto'`` picks);
@@ -90,13 +91,16 @@ def _parse_args(argv):
   return args
 
 
-def _median_seconds(fn, args, repeats) -> float:
+def _median_seconds(fn, x, state, repeats: int) -> float:
+  """Median wall time of ``fn(x, state)``, the returned state fed back (as training does),
+  after one warm-up call."""
   import jax
-  jax.block_until_ready(fn(*args))  # compile and warm up
+
+  _, state = jax.block_until_ready(fn(x, state))  # compile and warm up
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
+    _, state = jax.block_until_ready(fn(x, state))
     times.append(time.perf_counter() - start)
   return statistics.median(times)
 
@@ -165,7 +169,7 @@ def run(args) -> list[dict]:
       seconds = None
       if timed:
         state = jax.device_put(methods.init_rows(method, p, n), sharded)
-        seconds = _median_seconds(compiled, (x, state), args.repeats)
+        seconds = _median_seconds(compiled, x, state, args.repeats)
         if args.trace:
           with jax.profiler.trace(os.path.join(args.trace, f"p{p}_n{n}_{label}"),
                                   create_perfetto_trace=True):

@@ -6,7 +6,8 @@ Builds ``P`` network namespaces, each with one veth link into a bridge, every li
 with ``tc qdisc ... tbf rate R`` (what a namespace sends is limited to ``R``), and runs one
 JAX process per namespace (``jax.distributed`` + gloo over those links, one CPU device
 each). In one run it times every method, interleaved (repeat r runs each method once), at
-each rate, and prints the median wall time per sync and the ratios to SparDL. The processes
+each rate, feeding each method's state back as training does (after one warm-up step), and
+prints the median wall time per sync and the ratios to SparDL. The processes
 share this machine's cores, so compute is slower than on separate hosts; the network is the
 emulated part. Everything is torn down at the end (also on failure). Not part of CI.
 """
@@ -120,13 +121,13 @@ def worker(args) -> int:
     method = methods.make(variant.method, **variant.options)
     state = jax.tree.map(lambda a: put(np.asarray(a)), methods.init_rows(method, p, args.n))
     fn = methods.sharded(method, mesh)
-    jax.block_until_ready(fn(x, state))  # compile and warm up
-    runs[text] = (fn, state)
+    _, state = jax.block_until_ready(fn(x, state))  # compile and warm up (step 0)
+    runs[text] = [fn, state]
   times = {text: [] for text in args.methods}
   for _ in range(args.repeats):
-    for text, (fn, state) in runs.items():
+    for text, run in runs.items():  # the state is fed back, as in training
       start = time.perf_counter()
-      jax.block_until_ready(fn(x, state))
+      _, run[1] = jax.block_until_ready(run[0](x, run[1]))
       times[text].append(time.perf_counter() - start)
   if jax.process_index() == 0:
     with open(args.out, "w") as f:
