@@ -29,6 +29,7 @@ assumption. ``--out`` writes ``results.json`` and ``modeled_time.png`` (modeled 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -156,8 +157,8 @@ def run(args) -> list[dict]:
                              sag=args.sag)
     for label, method, d in _variants(args, p):
       state_spec = jax.tree.map(
-          lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharded),
-          jax.eval_shape(lambda m=method: methods.init_rows(m, p, n)))
+          lambda a, s=sharded: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+          jax.eval_shape(functools.partial(methods.init_rows, method, p, n)))
       # One compilation serves both the HLO traffic count and the timing.
       compiled = methods.sharded(method, mesh, axis).lower(x_spec, state_spec).compile()
       measured = traffic.parse_hlo(compiled.as_text()).branch(-1)

@@ -167,7 +167,7 @@ def main(argv=None) -> int:
   print("|---|" + "---|---|" * len(results))
   for text in args.methods:
     cells = []
-    for rate, times in results.items():
+    for times in results.values():
       cells += [f"{times[text]:.3f}", f"{times[text] / times['spardl']:.2f}x"]
     print(f"| {text} | " + " | ".join(cells) + " |")
   with open(os.path.join(args.out, "results.json"), "w") as f:
