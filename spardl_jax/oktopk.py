@@ -35,10 +35,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spardl_jax import bruck, messages, schedule, topk
+from spardl_jax import messages, topk
 from spardl_jax.config import check_density, check_positive
-from spardl_jax.sparse import (INVALID, Union, check_local, densify, in_worker_order,
-                               sparse_sum, top_of_union, topk_count)
+from spardl_jax.sparse import (INVALID, Union, allgather, check_local, densify, sparse_sum,
+                               top_of_union, topk_count)
 from spardl_jax.topkdsa import exchange
 
 
@@ -153,10 +153,8 @@ def oktopk_allreduce(x: jax.Array, state: OkTopkState, config: OkTopkConfig, *,
   candidate = valid & (estimate | (topk.keys(union.sums) >= state.global_threshold))
   send_off, send_val, sent = top_of_union(
       Union(jnp.where(candidate, union.offsets, INVALID), union.sums, union.count), c)
-  rows = bruck.bruck_allgather(messages.pack(send_off[None], send_val[None]), size=p,
-                               axis_name=axis_name,
-                               permutation=lambda s: schedule.team_permutation(p, p, s))
-  all_off, all_val = messages.unpack(in_worker_order(rows, rank), c, x.dtype)
+  rows = allgather(messages.pack(send_off[None], send_val[None]), axis_name)
+  all_off, all_val = messages.unpack(rows, c, x.dtype)
   all_keys = jnp.where(all_off != INVALID, topk.keys(all_val), 0)
   estimated = topk.kth_largest(all_keys.reshape(1, -1), min(k, p * c))[0]
   global_threshold = jnp.where(estimate, estimated, state.global_threshold)

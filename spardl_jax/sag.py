@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax import bruck, messages, schedule, topk
-from spardl_jax.sparse import INVALID, in_worker_order, sparse_sum, top_of_union
+from spardl_jax import bruck, messages, schedule
+from spardl_jax.sparse import (INVALID, in_worker_order, magnitude_order, sparse_sum,
+                               top_of_union)
 
 class Share(NamedTuple):
   """Discarded R-SAG mass this worker keeps: ``values`` at block ``offsets`` (``(L,)``)."""
@@ -67,7 +68,7 @@ def recursive_sag(offsets: jax.Array, values: jax.Array, *, kb: int, p: int, q: 
 def by_magnitude(offsets: jax.Array, values: jax.Array) -> tuple[jax.Array, jax.Array]:
   """``(kb,)`` pairs reordered by decreasing ``|value|``, ties to the lower offset, so the
   top-``h`` is a prefix for every ``h``. ``offsets`` must be ascending."""
-  order = jnp.argsort(-topk.keys(values), stable=True)
+  order = magnitude_order(values)
   return offsets[order], values[order]
 
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax import topk
+from spardl_jax import bruck, schedule, topk
 
 INVALID = np.iinfo(np.int32).max
 
@@ -80,6 +80,21 @@ def densify(n: int, offsets: jax.Array, values: jax.Array, dtype) -> jax.Array:
   for row in range(offsets.shape[0]):
     out = out.at[offsets[row]].add(values[row], mode="drop")
   return out
+
+
+def magnitude_order(values: jax.Array) -> jax.Array:
+  """Indices ordering ``values`` by decreasing ``|value|`` (the selection keys of
+  :func:`spardl_jax.topk.keys`), ties to the lower index."""
+  return jnp.argsort(-topk.keys(values), stable=True)
+
+
+def allgather(block: jax.Array, axis_name) -> jax.Array:
+  """Every worker's ``(1, W)`` block as ``(P, W)`` in rank order: a Bruck all-gather over the
+  whole axis (``ceil(log2 P)`` rounds)."""
+  p = jax.lax.axis_size(axis_name)
+  rows = bruck.bruck_allgather(block, size=p, axis_name=axis_name,
+                               permutation=lambda shift: schedule.team_permutation(p, p, shift))
+  return in_worker_order(rows, jax.lax.axis_index(axis_name))
 
 
 def in_worker_order(rows: jax.Array, rank: jax.Array) -> jax.Array:

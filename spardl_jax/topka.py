@@ -17,10 +17,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from spardl_jax import bruck, messages, schedule
+from spardl_jax import messages
 from spardl_jax.config import check_density
-from spardl_jax.sparse import (ResidualState, check_local, densify, in_worker_order,
-                               local_topk, topk_count)
+from spardl_jax.sparse import (ResidualState, allgather, check_local, densify, local_topk,
+                               topk_count)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,10 +62,7 @@ def topka_allreduce(x: jax.Array, state: ResidualState, config: TopkAConfig, *,
   k = topk_count(config.density, n)
   g = x + state.residual
   offsets, values = local_topk(g, k)
-  rows = bruck.bruck_allgather(messages.pack(offsets[None], values[None]), size=p,
-                               axis_name=axis_name,
-                               permutation=lambda s: schedule.team_permutation(p, p, s))
-  rank = jax.lax.axis_index(axis_name)
-  all_off, all_val = messages.unpack(in_worker_order(rows, rank), k, x.dtype)
+  rows = allgather(messages.pack(offsets[None], values[None]), axis_name)
+  all_off, all_val = messages.unpack(rows, k, x.dtype)
   y = densify(n, all_off, all_val, x.dtype) / p
   return y, ResidualState(g.at[offsets].set(0))

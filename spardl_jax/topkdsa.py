@@ -27,10 +27,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from spardl_jax import bruck, messages, schedule
+from spardl_jax import messages, schedule
 from spardl_jax.config import check_density, check_positive
-from spardl_jax.sparse import (INVALID, ResidualState, check_local, densify, in_worker_order,
-                               local_topk, sparse_sum, topk_count)
+from spardl_jax.sparse import (INVALID, ResidualState, allgather, check_local, densify,
+                               local_topk, magnitude_order, sparse_sum, topk_count)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,7 +77,7 @@ def split_by_region(offsets, values, region: int, p: int, c: int):
     ``(table_offsets, table_values, sent)``: ``sent`` ``(k,)`` marks the entries placed.
   """
   k = offsets.shape[0]
-  order = jnp.argsort(-jnp.abs(values.astype(jnp.float32)), stable=True)
+  order = magnitude_order(values)
   off, val = offsets[order], values[order]
   owner = off // region
   rank = jnp.cumsum(jax.nn.one_hot(owner, p, dtype=jnp.int32), axis=0)[jnp.arange(k), owner] - 1
@@ -123,16 +123,12 @@ def topkdsa_allreduce(x: jax.Array, state: ResidualState, config: TopkDSAConfig,
   residual = g.at[jnp.where(sent, offsets, INVALID)].set(0, mode="drop")
   rows_off, rows_val = exchange(table_off, table_val, p=p, rank=rank, axis_name=axis_name)
   union = sparse_sum(rows_off, rows_val)
-  allgather = dict(size=p, axis_name=axis_name,
-                   permutation=lambda s: schedule.team_permutation(p, p, s))
   if dense:
     local = jnp.where(union.offsets == INVALID, INVALID, union.offsets - rank * region)
     block = jnp.zeros((region,), x.dtype).at[local].set(union.sums, mode="drop")
-    y = in_worker_order(bruck.bruck_allgather(block[None], **allgather), rank)
-    y = y.reshape(-1)[:n]
+    y = allgather(block[None], axis_name).reshape(-1)[:n]
   else:
-    rows = bruck.bruck_allgather(messages.pack(union.offsets[None], union.sums[None]),
-                                 **allgather)
-    all_off, all_val = messages.unpack(in_worker_order(rows, rank), p * c, x.dtype)
+    rows = allgather(messages.pack(union.offsets[None], union.sums[None]), axis_name)
+    all_off, all_val = messages.unpack(rows, p * c, x.dtype)
     y = densify(n, all_off, all_val, x.dtype)
   return y / p, ResidualState(residual)
