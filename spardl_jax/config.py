@@ -71,6 +71,19 @@ class SparDLConfig:
     object.__setattr__(self, "density", float(self.density))
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DensityConfig:
+  """Options of a baseline that keeps a fraction ``density`` of the entries, in (0, 1].
+
+  Each baseline's config subclasses it (adding its own options), so errors name it.
+  """
+
+  density: float
+
+  def __post_init__(self):
+    check_density(self)
+
+
 def check_density(config) -> None:
   """Raises a clear error unless ``config.density`` is a number in (0, 1]."""
   name, density = type(config).__name__, config.density

@@ -20,25 +20,17 @@ import jax
 import jax.numpy as jnp
 
 from spardl_jax import messages
-from spardl_jax.config import check_density
-from spardl_jax.sparse import (INVALID, ResidualState, check_local, local_topk, sparse_sum,
-                               top_of_union, topk_count)
+from spardl_jax.config import DensityConfig
+from spardl_jax.sparse import (INVALID, ResidualState, check_local, init_residual, local_topk,
+                               sparse_sum, top_of_union, topk_count)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GTopkConfig:
+class GTopkConfig(DensityConfig):
   """``density``: fraction ``k / n`` kept by every selection, in (0, 1]."""
 
-  density: float
 
-  def __post_init__(self):
-    check_density(self)
-
-
-def init_state(n: int, p: int, config: GTopkConfig, dtype=jnp.float32) -> ResidualState:
-  """A zero residual (the same for any device count ``p``)."""
-  del p, config
-  return ResidualState(jnp.zeros((n,), dtype))
+init_state = init_residual
 
 
 def reduce_pairs(p: int, j: int) -> list[tuple[int, int]]:

@@ -36,14 +36,14 @@ import jax
 import jax.numpy as jnp
 
 from spardl_jax import messages, topk
-from spardl_jax.config import check_density, check_positive
+from spardl_jax.config import DensityConfig, check_positive
 from spardl_jax.sparse import (INVALID, Union, allgather, check_local, densify, sparse_sum,
                                top_of_union, topk_count)
 from spardl_jax.topkdsa import exchange
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class OkTopkConfig:
+class OkTopkConfig(DensityConfig):
   """Attributes:
     density: target fraction ``k / n`` of the global result, in (0, 1].
     capacity: message capacity as a multiple of the balanced share ``k / P`` (> 0).
@@ -51,13 +51,12 @@ class OkTopkConfig:
     tau_regions: steps between re-balancings of the region boundaries (>= 1).
   """
 
-  density: float
   capacity: float = 2.0
   tau: int = 32
   tau_regions: int = 32
 
   def __post_init__(self):
-    check_density(self)
+    super().__post_init__()
     check_positive(self, "capacity")
     check_positive(self, "tau", int)
     check_positive(self, "tau_regions", int)

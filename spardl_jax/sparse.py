@@ -114,6 +114,12 @@ class ResidualState(NamedTuple):
   residual: jax.Array
 
 
+def init_residual(n: int, p: int, config, dtype=jnp.float32) -> ResidualState:
+  """The initial state of a baseline that keeps only a residual: zeros, for any ``p``."""
+  del p, config
+  return ResidualState(jnp.zeros((n,), dtype))
+
+
 def check_local(who: str, x: jax.Array, residual: jax.Array) -> None:
   """Clear trace-time errors for a wrong local gradient or residual."""
   if not jnp.issubdtype(x.dtype, jnp.floating) or x.ndim != 1:

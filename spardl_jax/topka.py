@@ -15,28 +15,19 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 from spardl_jax import messages
-from spardl_jax.config import check_density
-from spardl_jax.sparse import (ResidualState, allgather, check_local, densify, local_topk,
-                               topk_count)
+from spardl_jax.config import DensityConfig
+from spardl_jax.sparse import (ResidualState, allgather, check_local, densify, init_residual,
+                               local_topk, topk_count)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TopkAConfig:
+class TopkAConfig(DensityConfig):
   """``density``: fraction ``k / n`` of the local gradient each worker sends, in (0, 1]."""
 
-  density: float
 
-  def __post_init__(self):
-    check_density(self)
-
-
-def init_state(n: int, p: int, config: TopkAConfig, dtype=jnp.float32) -> ResidualState:
-  """A zero residual (the same for any device count ``p``)."""
-  del p, config
-  return ResidualState(jnp.zeros((n,), dtype))
+init_state = init_residual
 
 
 def formula(p: int, n: int, config: TopkAConfig, itemsize: int = 4) -> dict:

@@ -28,30 +28,27 @@ import jax
 import jax.numpy as jnp
 
 from spardl_jax import messages, schedule
-from spardl_jax.config import check_density, check_positive
+from spardl_jax.config import DensityConfig, check_positive
 from spardl_jax.sparse import (INVALID, ResidualState, allgather, check_local, densify,
-                               local_topk, magnitude_order, sparse_sum, topk_count)
+                               init_residual, local_topk, magnitude_order, sparse_sum,
+                               topk_count)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TopkDSAConfig:
+class TopkDSAConfig(DensityConfig):
   """Attributes:
     density: fraction ``k / n`` each worker selects, in (0, 1].
     capacity: split-message capacity as a multiple of the balanced share ``k / P`` (> 0).
   """
 
-  density: float
   capacity: float = 2.0
 
   def __post_init__(self):
-    check_density(self)
+    super().__post_init__()
     check_positive(self, "capacity")
 
 
-def init_state(n: int, p: int, config: TopkDSAConfig, dtype=jnp.float32) -> ResidualState:
-  """A zero residual (the same for any device count ``p``)."""
-  del p, config
-  return ResidualState(jnp.zeros((n,), dtype))
+init_state = init_residual
 
 
 def sizes(p: int, n: int, config: TopkDSAConfig) -> tuple[int, int, int, bool]:
