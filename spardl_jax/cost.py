@@ -26,11 +26,15 @@ def sag_kind(teams: int, sag: str) -> str:
 
 
 def spardl_cost(p: int, n: int, density: float, teams: int, *, itemsize: int = 4,
-                sag: str = "auto") -> dict:
-  """Per-worker ``rounds``, ``bytes`` (and ``kb``, ``sag``) of one all-reduce of ``n``."""
+                sag: str = "auto", h=None) -> dict:
+  """Per-worker ``rounds``, ``bytes`` (and ``kb``, ``sag``) of one all-reduce of ``n``.
+
+  ``h`` is B-SAG's message size (an int or a traced scalar); by default the largest, ``kb``.
+  """
   kb = BlockLayout.make(n, p // teams, density).kb
   kind = sag_kind(teams, sag)
-  cost = traffic.spardl_formula(p, kb, itemsize, teams=teams, sag=kind, h=kb)
+  cost = traffic.spardl_formula(p, kb, itemsize, teams=teams, sag=kind,
+                                h=kb if h is None else h)
   return {"teams": teams, "sag": kind if teams > 1 else "-", "kb": kb, **cost}
 
 

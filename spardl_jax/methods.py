@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from spardl_jax import gtopk, oktopk, topka, topkdsa, traffic
+from spardl_jax import cost, gtopk, oktopk, topka, topkdsa
 from spardl_jax.allreduce import init_state, resolve_teams, spardl_allreduce
-from spardl_jax.config import BlockLayout, SparDLConfig
+from spardl_jax.config import SparDLConfig
 
 
 class AllReduce(NamedTuple):
@@ -78,10 +78,9 @@ def spardl(config: SparDLConfig) -> AllReduce:
   """SparDL (:func:`spardl_jax.spardl_allreduce`) with the given configuration."""
 
   def formula(p, n, itemsize, h=None):
-    teams, kind = resolve_teams(config, p, n, itemsize)
-    kb = BlockLayout.make(n, p // teams, config.density).kb
-    return traffic.spardl_formula(p, kb, itemsize, teams=teams, sag=kind,
-                                  h=kb if h is None else h)
+    teams, _ = resolve_teams(config, p, n, itemsize)
+    return cost.spardl_cost(p, n, config.density, teams, itemsize=itemsize, sag=config.sag,
+                            h=h)
 
   def stats(n, p, itemsize, state, rank):
     h = state.controller.last_h
@@ -102,10 +101,10 @@ def _baseline(name: str, module, config) -> AllReduce:
     return module.formula(p, n, config, itemsize)
 
   def stats(n, p, itemsize, state, rank):
-    cost = formula(p, n, itemsize)
-    if "bytes_per_device" in cost:
-      return jax.numpy.asarray(cost["bytes_per_device"])[rank], 0
-    return cost["bytes"], 0
+    traffic = formula(p, n, itemsize)
+    if "bytes_per_device" in traffic:
+      return jnp.asarray(traffic["bytes_per_device"])[rank], 0
+    return traffic["bytes"], 0
 
   return AllReduce(name=name, config=config,
                    init=lambda n, dtype, p: module.init_state(n, p, config, dtype),
