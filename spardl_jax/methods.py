@@ -117,6 +117,38 @@ Method = Literal["dense", "spardl", "topka", "topkdsa", "gtopk", "oktopk"]
 METHODS: tuple[Method, ...] = ("dense", "spardl", "topka", "topkdsa", "gtopk", "oktopk")
 
 
+def parse_teams(text: str):
+  """A ``teams`` value from text: an int or ``'auto'``."""
+  return text if text == "auto" else int(text)
+
+
+_OPTION_TYPES = {"density": float, "teams": parse_teams, "sag": str, "residuals": str,
+                 "capacity": float, "tau": int, "tau_regions": int}
+
+
+def parse(text: str, *, density: float, teams=1, sag: str = "auto",
+          residuals: str = "global") -> tuple[str, dict]:
+  """``method[:key=value[:key=value...]]`` -> ``(method, options)`` for :func:`make`.
+
+  Options not given in ``text`` are the defaults passed here: ``density`` for every sparse
+  method, ``teams``, ``sag`` and ``residuals`` for SparDL. Baselines take their own keys
+  (``capacity``, ``tau``, ``tau_regions``), e.g. ``'oktopk:tau=16'``.
+  """
+  method, *pairs = text.split(":")
+  options = {}
+  if method == "spardl":
+    options = {"density": density, "teams": teams, "sag": sag, "residuals": residuals}
+  elif method != "dense":  # the baselines
+    options = {"density": density}
+  for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if not sep or key not in _OPTION_TYPES:
+      raise ValueError(f"method spec {text!r}: {pair!r} is not key=value with key one of "
+                       f"{sorted(_OPTION_TYPES)}.")
+    options[key] = _OPTION_TYPES[key](value)
+  return method, options
+
+
 def make(method: str, **options) -> AllReduce:
   """The all-reduce called ``method``, built from its options.
 

@@ -103,7 +103,6 @@ def worker(args) -> int:
   from jax.sharding import PartitionSpec as P
 
   from spardl_jax import methods
-  from train.config import parse_variant
 
   p = jax.device_count()
   mesh = jax.make_mesh((p,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
@@ -116,9 +115,8 @@ def worker(args) -> int:
   x = put(xs)
   runs = {}
   for text in args.methods:
-    variant = parse_variant(text, density=args.density, teams=1, sag="auto",
-                            residuals="global")
-    method = methods.make(variant.method, **variant.options)
+    name, options = methods.parse(text, density=args.density)
+    method = methods.make(name, **options)
     state = jax.tree.map(lambda a: put(np.asarray(a)), methods.init_rows(method, p, args.n))
     fn = methods.sharded(method, mesh)
     _, state = jax.block_until_ready(fn(x, state))  # compile and warm up (step 0)

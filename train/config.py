@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from spardl_jax import methods
+
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
@@ -36,30 +38,9 @@ class TrainConfig:
   axis_name: str = "data"
 
 
-def parse_teams(text: str):
-  """``--teams`` value: an int or ``'auto'``."""
-  return text if text == "auto" else int(text)
-
-
 def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:
-  """``method[:key=value[:key=value...]]`` -> :class:`Variant`.
-
-  Options not given in ``text`` come from the command line: ``--density`` for every
-  sparse method, and ``--teams``, ``--sag`` and ``--residuals`` for SparDL. Baselines take
-  their own keys (``capacity``, ``tau``, ``tau_regions``; see :mod:`spardl_jax.methods`).
-  """
-  method, *pairs = text.split(":")
-  options = {}
-  if method == "spardl":
-    options = {"density": density, "teams": teams, "sag": sag, "residuals": residuals}
-  elif method != "dense":  # the baselines
-    options = {"density": density}
-  casts = {"density": float, "teams": parse_teams, "sag": str, "residuals": str,
-           "capacity": float, "tau": int, "tau_regions": int}
-  for pair in pairs:
-    key, sep, value = pair.partition("=")
-    if not sep or key not in casts:
-      raise ValueError(f"--compare: {pair!r} in {text!r} is not key=value with key one of "
-                       f"{sorted(casts)}.")
-    options[key] = casts[key](value)
+  """``method[:key=value...]`` (see :func:`spardl_jax.methods.parse`) -> :class:`Variant`;
+  options not in ``text`` come from ``--density``, ``--teams``, ``--sag``, ``--residuals``."""
+  method, options = methods.parse(text, density=density, teams=teams, sag=sag,
+                                  residuals=residuals)
   return Variant(text, method, options)

@@ -10,7 +10,8 @@ import os
 
 import jax
 
-from train.config import TrainConfig, parse_teams, parse_variant
+from spardl_jax.methods import parse_teams
+from train.config import TrainConfig, parse_variant
 
 log = logging.getLogger("train")
 
