@@ -147,6 +147,8 @@ def main(argv=None) -> int:
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   args.methods = args.methods.split(",")
+  if "spardl" not in args.methods:
+    parser.error(f"--methods must include 'spardl' (the ratios are to it), got {args.methods}")
   if args.worker:
     return worker(args)
   if os.geteuid() != 0:
