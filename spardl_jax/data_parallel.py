@@ -16,10 +16,27 @@ The rules are structural, so they are predictable and need no tracing.
 from __future__ import annotations
 
 import jax
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spardl_jax.transform import SyncState
+
+
+def shard_rows(tree, mesh: jax.sharding.Mesh, axis_name: str = "data"):
+  """Puts host arrays on the mesh, split over ``axis_name`` along their first axis.
+
+  Works in multi-process runs: every process passes the whole arrays and supplies only the
+  rows of its own devices. The spec is full-rank (``P(axis, None, ...)``), the one jit gives
+  its outputs, so feeding a returned state back does not recompile.
+  """
+  def put(a):
+    a = np.asarray(a)
+    spec = PartitionSpec(axis_name, *[None] * (a.ndim - 1))
+    return jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec),
+                                        lambda index: a[index])
+
+  return jax.tree.map(put, tree)
 
 
 def _contains_sync(tree) -> bool:

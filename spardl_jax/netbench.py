@@ -99,25 +99,20 @@ def worker(args) -> int:
   distributed.initialize()
   import jax
   import numpy as np
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
 
   from spardl_jax import methods
+  from spardl_jax.data_parallel import shard_rows
 
   p = jax.device_count()
   mesh = jax.make_mesh((p,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
-  rows = NamedSharding(mesh, P("data"))
-
-  def put(a):
-    return jax.make_array_from_callback(a.shape, rows, lambda index: a[index])
 
   xs = np.random.default_rng(0).standard_normal((p, args.n)).astype(np.float32)
-  x = put(xs)
+  x = shard_rows(xs, mesh)
   runs = {}
   for text in args.methods:
     name, options = methods.parse(text, density=args.density)
     method = methods.make(name, **options)
-    state = jax.tree.map(lambda a: put(np.asarray(a)), methods.init_rows(method, p, args.n))
+    state = shard_rows(methods.init_rows(method, p, args.n), mesh)
     fn = methods.sharded(method, mesh)
     _, state = jax.block_until_ready(fn(x, state))  # compile and warm up (step 0)
     runs[text] = [fn, state]

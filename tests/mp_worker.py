@@ -20,10 +20,10 @@ distributed.initialize()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import spardl_jax as sj  # noqa: E402
+from spardl_jax.data_parallel import shard_rows  # noqa: E402
 
 P_ALL = jax.device_count()
 N = 3001
@@ -35,11 +35,6 @@ def inputs(p, n, seed=0):
   return np.random.default_rng(seed).standard_normal((p, n)).astype(np.float32)
 
 
-def put_rows(rows, a):
-  """The (P, ...) array `a` sharded by rows; each process supplies its devices' rows."""
-  return jax.make_array_from_callback(a.shape, rows, lambda index: a[index])
-
-
 def local_rows(x):
   """{global row: values} for the rows of this process's devices."""
   return {s.index[0].start: np.asarray(s.data)[0] for s in x.addressable_shards}
@@ -48,15 +43,13 @@ def local_rows(x):
 def main(mode, out):
   rank = jax.process_index()
   mesh = jax.make_mesh((P_ALL,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
-  rows = NamedSharding(mesh, P("data"))
   if mode == "allreduce":
     xs = inputs(P_ALL, N)
     saved = {}
     for name, options in CASES.items():
       method = sj.methods.make(name.split("_")[0], **options)
-      state = jax.tree.map(lambda a: put_rows(rows, np.asarray(a)),
-                           sj.methods.init_rows(method, P_ALL, N))
-      ys, state = sj.methods.sharded(method, mesh)(put_rows(rows, xs), state)
+      state = shard_rows(sj.methods.init_rows(method, P_ALL, N), mesh)
+      ys, state = sj.methods.sharded(method, mesh)(shard_rows(xs, mesh), state)
       for row, value in local_rows(ys).items():
         saved[f"{name}_y_{row}"] = value
       for row, value in local_rows(state.residual).items():
@@ -79,7 +72,7 @@ def main(mode, out):
   elif mode == "crash":
     if rank == 1:
       os._exit(3)
-    x = put_rows(rows, np.ones((P_ALL, 8), np.float32))
+    x = shard_rows(np.ones((P_ALL, 8), np.float32), mesh)
     f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "data"), mesh=mesh,
                               in_specs=P("data"), out_specs=P("data")))
     while True:  # the peer is gone: gloo or the coordinator's heartbeat must end this

@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from models import create
+import spardl_jax as sj
 from spardl_jax import traffic
 from train import input_pipeline, main
 from train.config import TrainConfig, Variant
@@ -32,8 +33,8 @@ def compiled_train_step(cfg, ds, variant):
   tx = make_optimizer(cfg, variant)
   state, specs = create_train_state(jax.random.key(0), model, tx, ds.x_train, mesh, "data")
   train, _ = compile_steps(model, tx, mesh, specs, "data")
-  batch = input_pipeline.shard(next(input_pipeline.train_batches(ds, cfg.batch_size, seed=0,
-                                                                 epoch=1)), mesh)
+  batch = sj.data_parallel.shard_rows(
+      next(input_pipeline.train_batches(ds, cfg.batch_size, seed=0, epoch=1)), mesh)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   return traffic.parse_hlo(train.lower(state, batch).compile().as_text()), num_params
 

@@ -2,8 +2,8 @@
 
 Datasets here need no download: MNIST-1D is generated locally by the ``mnist1d`` package,
 scikit-learn ships the 8x8 ``digits`` images. Every global batch is split evenly over the
-devices of the data axis; in a multi-process run each process puts only the rows of its own
-devices on them (``jax.make_array_from_callback``).
+devices of the data axis (:func:`spardl_jax.data_parallel.shard_rows`); in a multi-process
+run each process puts only the rows of its own devices on them.
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 DATASETS = ("mnist1d", "digits")
 
@@ -85,17 +83,3 @@ def eval_batches(ds: Dataset, batch_size: int
     weight = np.concatenate([np.ones(len(y), np.float32), np.zeros(pad, np.float32)])
     yield (np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]),
            np.concatenate([y, np.zeros(pad, y.dtype)]), weight)
-
-
-def shard(batch, mesh: jax.sharding.Mesh, axis_name: str = "data"):
-  """Puts a global batch on the mesh, split over ``axis_name`` along the first axis.
-
-  In a multi-process run each process passes the whole global batch and contributes only
-  the rows of its addressable devices.
-  """
-  sharding = NamedSharding(mesh, PartitionSpec(axis_name))
-
-  def put(a):
-    return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
-
-  return jax.tree.map(put, batch)

@@ -158,7 +158,7 @@ def evaluate_model(evaluate, params, ds, mesh, cfg: TrainConfig) -> tuple[float,
   """Test-set mean loss and accuracy."""
   total = np.zeros(3)
   for batch in input_pipeline.eval_batches(ds, cfg.batch_size):
-    total += _host(evaluate(params, input_pipeline.shard(batch, mesh, cfg.axis_name)))
+    total += _host(evaluate(params, sj.data_parallel.shard_rows(batch, mesh, cfg.axis_name)))
   return total[0] / total[2], total[1] / total[2]
 
 
@@ -198,7 +198,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
     losses, accs = [], []
     for batch in input_pipeline.train_batches(ds, cfg.batch_size, seed=cfg.seed, epoch=epoch):
       start = time.perf_counter()
-      state, metrics = train(state, input_pipeline.shard(batch, mesh, cfg.axis_name))
+      state, metrics = train(state, sj.data_parallel.shard_rows(batch, mesh, cfg.axis_name))
       # Waiting for every step also guards the CPU multi-device rendezvous deadlock.
       jax.block_until_ready(state)
       times.append(time.perf_counter() - start)
