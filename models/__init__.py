@@ -1,5 +1,5 @@
-"""Flax models of the training cases, by command-line name."""
+"""Flax models of the paper's training cases and of the demo (see :mod:`models.registry`)."""
 
-from models.registry import MODELS, create
+from models.registry import MODELS, ModelSpec, count, create, describe, spec
 
-__all__ = ["MODELS", "create"]
+__all__ = ["MODELS", "ModelSpec", "count", "create", "describe", "spec"]

@@ -19,7 +19,7 @@ class CNN1D(nn.Module):
   hidden: int = 128
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     x = x[..., None]
     for f in self.features:
       x = nn.relu(nn.Conv(f, (5,))(x))
@@ -36,7 +36,7 @@ class MLP(nn.Module):
   hidden: Sequence[int] = (128,)
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
     x = x.reshape(x.shape[0], -1)
     for h in self.hidden:
       x = nn.relu(nn.Dense(h)(x))

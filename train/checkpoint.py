@@ -1,22 +1,40 @@
 """Orbax checkpoints of the whole train state, per-device residuals included.
 
 The state is saved with its shardings: the ``(P, n)`` residuals keep every device's row, so a
-restore continues bit-identically (same next loss, same next residuals). The epoch history is
-saved beside it, so a resumed run's metrics cover every epoch.
+restore on the same devices continues bit-identically (same next loss, same next residuals).
+The epoch history is saved beside it, so a resumed run's metrics cover every epoch.
+
+A checkpoint can also be restored onto a different number of devices ``P'``. The per-device
+leaves are then rebuilt so that no gradient mass is lost:
+
+* every ``residual`` is folded to its sum over the ``P`` saved rows and spread evenly over
+  ``P'`` rows (the sum is taken in float64; the last row absorbs the rounding, so the rows
+  add up to the saved total within one float32 rounding);
+* the gradients an ``optax.MultiSteps`` accumulated are averaged over the saved devices
+  and every new device gets that mean, so the mean the next sync sees is unchanged;
+* the rest (the B-SAG ``h`` controller, Ok-Topk thresholds, sync statistics) depends on
+  ``P`` and starts afresh, as in a new run.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+log = logging.getLogger("train")
 
 
 def manager(directory: str, *, max_to_keep: int = 2) -> ocp.CheckpointManager:
   """A checkpoint manager writing one checkpoint per epoch under ``directory``."""
-  return ocp.CheckpointManager(os.path.abspath(directory),
-                               options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep))
+  return ocp.CheckpointManager(
+      os.path.abspath(directory),
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep),
+      item_handlers={"state": ocp.StandardCheckpointHandler(),
+                     "history": ocp.JsonCheckpointHandler()})
 
 
 def save(mgr: ocp.CheckpointManager, epoch: int, state, history: list) -> None:
@@ -26,18 +44,77 @@ def save(mgr: ocp.CheckpointManager, epoch: int, state, history: list) -> None:
   mgr.wait_until_finished()
 
 
+def _name(key) -> str:
+  for attr in ("name", "key", "idx"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  raise TypeError(f"unexpected pytree key {key!r}")
+
+
+def _paths(tree) -> list[tuple[str, ...]]:
+  return [tuple(_name(k) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def fold_residual(saved: np.ndarray, devices: int) -> np.ndarray:
+  """``(P, n)`` residual rows -> ``(devices, n)`` rows with the same total, evenly spread."""
+  total = saved.astype(np.float64).sum(axis=0)
+  rows = np.broadcast_to((total / devices).astype(saved.dtype), (devices, *saved.shape[1:])).copy()
+  rows[-1] = (total - rows[:-1].astype(np.float64).sum(axis=0)).astype(saved.dtype)
+  return rows
+
+
+def _axis_size(sharding, spec) -> int:
+  """Devices along the leading axis of a per-device leaf (1 for other leaves)."""
+  if not spec or spec[0] is None:
+    return 1
+  return dict(zip(sharding.axis_names, sharding.shape))[spec[0]]
+
+
+def _redistribute(path: tuple[str, ...], saved: np.ndarray, like: jax.Array,
+                  old_devices: int) -> np.ndarray:
+  devices = like.sharding.mesh.shape[like.sharding.spec[0]]
+  if path[-1] == "residual":
+    return fold_residual(saved, devices)
+  if "acc_grads" in path:
+    mean = saved.reshape(old_devices, -1, *saved.shape[1:]).mean(axis=0)
+    return np.concatenate([mean] * devices).astype(saved.dtype)
+  return np.asarray(like)
+
+
 def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, list] | None:
   """``(epoch, state, history)`` of the latest checkpoint, or None when there is none.
 
   Args:
     mgr: the manager.
-    like: a state of the same structure; its shapes, dtypes and shardings are restored.
+    like: a freshly initialized state of the same structure on the current devices; its
+      shapes, dtypes and shardings are restored, and its values fill the per-device leaves
+      that cannot carry over to another device count (see the module docstring).
   """
   epoch = mgr.latest_step()
   if epoch is None:
     return None
-  abstract = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
+  metadata = mgr.item_metadata(epoch)["state"]
+  saved = dict(zip(_paths(metadata), jax.tree.leaves(metadata)))
+  leaves, treedef = jax.tree.flatten(like)
+  paths = _paths(like)
+  changed = {i for i, (p, a) in enumerate(zip(paths, leaves))
+             if tuple(saved[p].shape) != a.shape}
+  # Leaves to rebuild are read whole onto one local device, the rest with their shardings.
+  host = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  abstract = [jax.ShapeDtypeStruct(tuple(saved[p].shape), a.dtype,
+                                   sharding=host if i in changed else a.sharding)
+              for i, (p, a) in enumerate(zip(paths, leaves))]
   restored = mgr.restore(epoch, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract), history=ocp.args.JsonRestore()))
-  return epoch, restored["state"], list(restored["history"])
+      state=ocp.args.StandardRestore(jax.tree.unflatten(treedef, abstract)),
+      history=ocp.args.JsonRestore()))
+  out = jax.tree.leaves(restored["state"])
+  for i in sorted(changed):
+    meta = saved[paths[i]].sharding
+    old_devices = _axis_size(meta, meta.partition_spec)
+    rows = _redistribute(paths[i], np.asarray(out[i]), leaves[i], old_devices)
+    out[i] = jax.make_array_from_callback(rows.shape, leaves[i].sharding,
+                                          lambda index, a=rows: a[index])
+  if changed:
+    log.info("checkpoint %d was written on another device count: residuals folded and "
+             "spread, %d per-device leaves rebuilt", epoch, len(changed))
+  return epoch, jax.tree.unflatten(treedef, out), list(restored["history"])

@@ -36,6 +36,9 @@ class TrainConfig:
   seed: int = 0
   out: str = "train_out"
   axis_name: str = "data"
+  data_dir: str | None = None
+  seq_len: int | None = None  # None: the model's (256 IMDB, 35 PTB, 128 BERT)
+  image_size: int = 224  # ImageNet crops
 
 
 def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:

@@ -10,8 +10,10 @@ import os
 
 import jax
 
+from models import MODELS, describe
 from spardl_jax.methods import parse_teams
 from train.config import TrainConfig, parse_variant
+from train.input_pipeline import DATASETS
 
 log = logging.getLogger("train")
 
@@ -19,9 +21,23 @@ log = logging.getLogger("train")
 def _parse_args(argv):
   d = TrainConfig()
   p = argparse.ArgumentParser(prog="python -m train", description=__doc__)
-  p.add_argument("--model", default=d.model, help="model name (default: %(default)s)")
-  p.add_argument("--model-size", default=d.model_size, choices=["full", "tiny"])
-  p.add_argument("--dataset", default=d.dataset, help="mnist1d or digits (default: %(default)s)")
+  p.add_argument("--model", default=d.model,
+                 help=f"one of {', '.join(MODELS)} (default: %(default)s)")
+  p.add_argument("--model-size", default=d.model_size, choices=["full", "tiny"],
+                 help="full: the paper's sizes; tiny: the same structure, a few thousand "
+                      "parameters (default: %(default)s)")
+  p.add_argument("--describe", action="store_true",
+                 help="print the model's layers and parameter count and exit (no training)")
+  p.add_argument("--dataset", default=d.dataset,
+                 help=f"one of {', '.join(DATASETS)} or wikipedia/<config> "
+                      "(default: %(default)s); see train/input_pipeline.py")
+  p.add_argument("--data-dir", default=d.data_dir,
+                 help="prepared data: the TFDS data directory, the PTB text files, or the "
+                      "House dataset")
+  p.add_argument("--seq-len", type=int, default=d.seq_len,
+                 help="tokens per example for text (default: the model's, e.g. 35 for PTB)")
+  p.add_argument("--image-size", type=int, default=d.image_size,
+                 help="ImageNet crop side (default: %(default)s)")
   p.add_argument("--method", default=None,
                  help="one gradient sync to train with, e.g. spardl or dense; overrides --compare")
   p.add_argument("--compare", default="dense,spardl",
@@ -55,6 +71,9 @@ def _parse_args(argv):
 
 def main(argv=None) -> int:
   args = _parse_args(argv)
+  if args.describe:
+    print(describe(args.model, args.model_size))
+    return 0
   logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
   log.setLevel(logging.INFO)
   from spardl_jax import distributed
@@ -69,7 +88,7 @@ def main(argv=None) -> int:
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # one logging process
   from train import input_pipeline, report
-  from train.train import make_mesh, train_and_evaluate
+  from train.train import check_model_data, data_request, make_mesh, train_and_evaluate
 
   texts = [args.method] if args.method else args.compare.split(",")
   variants = tuple(parse_variant(t, density=args.density, teams=args.teams, sag=args.sag,
@@ -77,11 +96,13 @@ def main(argv=None) -> int:
   cfg = TrainConfig(model=args.model, model_size=args.model_size, dataset=args.dataset,
                     variants=variants, devices=args.devices, epochs=args.epochs,
                     batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
-                    seed=args.seed, out=args.out)
+                    seed=args.seed, out=args.out, data_dir=args.data_dir,
+                    seq_len=args.seq_len, image_size=args.image_size)
+  check_model_data(cfg.model, cfg.dataset)
   mesh = make_mesh(cfg.devices)
-  ds = input_pipeline.load(cfg.dataset, cfg.seed)
+  ds = input_pipeline.load(cfg.dataset, data_request(cfg))
   log.info("%s: %d train / %d test examples; %s on %d %s devices; methods: %s", ds.name,
-           len(ds.y_train), len(ds.y_test), cfg.model, cfg.devices,
+           len(ds.train), len(ds.test), cfg.model, cfg.devices,
            mesh.devices.flat[0].platform, ", ".join(v.label for v in variants))
   results = []
   for variant in variants:
@@ -90,8 +111,9 @@ def main(argv=None) -> int:
     result = train_and_evaluate(cfg, variant, ds, mesh, progress=not args.no_progress,
                                 checkpoint_dir=ckpt)
     last = result.history[-1]
-    log.info("%s: test accuracy %.4f after %d epochs (%d params, %.1f ms/step)", variant.label,
-             last["test_accuracy"], cfg.epochs, result.num_params, result.time_per_step * 1e3)
+    log.info("%s: test %s %.4f after %d epochs (%d params, %.1f ms/step)", variant.label,
+             result.metric, last[f"test_{result.metric}"], cfg.epochs, result.num_params,
+             result.time_per_step * 1e3)
     results.append(result)
   if jax.process_index() == 0:
     paths = report.write(cfg.out, results, dataclasses.asdict(cfg))

@@ -9,22 +9,32 @@ import os
 from train.train import RunResult
 
 
+def _best(r: RunResult) -> float:
+  values = [h[f"test_{r.metric}"] for h in r.history]
+  return min(values) if r.metric == "mae" else max(values)
+
+
 def format_table(results: list[RunResult]) -> str:
-  """Method, final/best test accuracy, bytes sent per step and device, time per step."""
-  lines = [f"{'method':<32} {'test acc':>8} {'best':>6} {'bytes/step':>12} {'ms/step':>8}"]
+  """Method, final/best test metric, test loss, bytes sent per step and device, time per step."""
+  metric = results[0].metric
+  lines = [f"{'method':<32} {'test ' + metric:>13} {'best':>7} {'test loss':>9} "
+           f"{'bytes/step':>12} {'ms/step':>8}"]
   for r in results:
-    acc = [h["test_accuracy"] for h in r.history]
-    lines.append(f"{r.variant:<32} {acc[-1]:>8.4f} {max(acc):>6.4f} "
-                 f"{r.bytes_per_step:>12,.0f} {r.time_per_step * 1e3:>8.1f}")
+    last = r.history[-1]
+    lines.append(f"{r.variant:<32} {last[f'test_{metric}']:>13.4f} {_best(r):>7.4f} "
+                 f"{last['test_loss']:>9.4f} {r.bytes_per_step:>12,.0f} "
+                 f"{r.time_per_step * 1e3:>8.1f}")
   return "\n".join(lines)
 
 
 def write(out: str, results: list[RunResult], config: dict) -> list[str]:
-  """Writes ``metrics.json``, ``metrics.csv`` and ``accuracy.png`` under ``out``."""
+  """Writes ``metrics.json``, ``metrics.csv`` and the plot ``<metric>.png`` under ``out``."""
   os.makedirs(out, exist_ok=True)
-  runs = [{"method": r.variant, "num_params": r.num_params, "bytes_per_step": r.bytes_per_step,
-           "time_per_step": r.time_per_step, "history": r.history} for r in results]
-  paths = [os.path.join(out, name) for name in ("metrics.json", "metrics.csv", "accuracy.png")]
+  runs = [{"method": r.variant, "metric": r.metric, "num_params": r.num_params,
+           "bytes_per_step": r.bytes_per_step, "time_per_step": r.time_per_step,
+           "history": r.history} for r in results]
+  paths = [os.path.join(out, name) for name in ("metrics.json", "metrics.csv",
+                                                  f"{results[0].metric}.png")]
   with open(paths[0], "w") as f:
     json.dump({"config": config, "runs": runs}, f, indent=2)
   with open(paths[1], "w", newline="") as f:
@@ -47,13 +57,14 @@ def _plot(path: str, results: list[RunResult]) -> None:
   fig, (by_epoch, by_bytes) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
   for r in results:
     epochs = [h["epoch"] for h in r.history]
-    acc = [h["test_accuracy"] for h in r.history]
+    acc = [h[f"test_{r.metric}"] for h in r.history]
     sent = [h["bytes_sent"] / 2**20 for h in r.history]
     by_epoch.plot(epochs, acc, marker=".", label=r.variant)
     by_bytes.plot(sent, acc, marker=".", label=r.variant)
-  by_epoch.set(xlabel="epoch", ylabel="test accuracy", title="accuracy vs epoch")
+  metric = results[0].metric
+  by_epoch.set(xlabel="epoch", ylabel=f"test {metric}", title=f"{metric} vs epoch")
   by_bytes.set(xlabel="MiB sent per device (log)", xscale="log",
-               title="accuracy vs communication")
+               title=f"{metric} vs communication")
   by_epoch.legend()
   by_epoch.grid(alpha=0.3)
   by_bytes.grid(alpha=0.3)

@@ -29,6 +29,7 @@ import optax
 from jax.sharding import PartitionSpec
 from tqdm.auto import tqdm
 
+import models
 import spardl_jax as sj
 from train import input_pipeline
 from train.config import TrainConfig, Variant
@@ -38,18 +39,21 @@ log = logging.getLogger("train")
 
 @flax.struct.dataclass
 class TrainState:
-  """``step`` () int32; ``params`` replicated; ``opt_state`` with per-device residuals."""
+  """``step`` () int32; ``params`` and ``model_state`` (batch-norm statistics; ``{}`` for
+  models without) replicated; ``opt_state`` with per-device residuals."""
 
   step: jax.Array
   params: Any
+  model_state: Any
   opt_state: Any
 
 
 class StepMetrics(NamedTuple):
-  """Global mean loss and accuracy of one train step's batch (float32 scalars)."""
+  """Global mean loss and metric (accuracy, or MAE for regression) of one train step's
+  batch (float32 scalars)."""
 
   loss: jax.Array
-  accuracy: jax.Array
+  metric: jax.Array
 
 
 def make_mesh(devices: int, axis_name: str = "data") -> jax.sharding.Mesh:
@@ -69,63 +73,116 @@ def make_optimizer(cfg: TrainConfig, variant: Variant) -> optax.GradientTransfor
       optax.sgd(cfg.lr, momentum=cfg.momentum))
 
 
+def check_model_data(model: str, dataset: str) -> None:
+  """Raises a ValueError naming the datasets ``model`` can read, if ``dataset`` is not one."""
+  spec = models.spec(model)
+  if input_pipeline.kind(dataset) not in spec.inputs:
+    fits = sorted(d for d in input_pipeline.DATASETS if input_pipeline.kind(d) in spec.inputs)
+    raise ValueError(f"--model {model} reads {'/'.join(spec.inputs)} data; --dataset must "
+                     f"be one of {fits}, got {dataset!r}.")
+
+
+def data_request(cfg: TrainConfig) -> input_pipeline.Request:
+  """What ``cfg.model`` needs from the dataset: objective, vocabulary size, sequence length."""
+  spec = models.spec(cfg.model)
+  model = models.create(cfg.model, cfg.model_size)
+  return input_pipeline.Request(
+      objective=spec.objective, vocab_size=getattr(model, "vocab_size", None),
+      seq_len=cfg.seq_len or spec.example[0][0], image_size=cfg.image_size,
+      data_dir=cfg.data_dir, seed=cfg.seed)
+
+
 def create_train_state(rng: jax.Array, model: nn.Module, tx: optax.GradientTransformation,
                        example_x: np.ndarray, mesh: jax.sharding.Mesh, axis_name: str
                        ) -> tuple[TrainState, TrainState]:
   """Initial state (params replicated, residuals sharded) and its PartitionSpecs."""
-  params = jax.jit(model.init)(rng, jnp.asarray(example_x[:1]))["params"]
-  step, params = jax.device_put((jnp.zeros((), jnp.int32), params),
-                                jax.sharding.NamedSharding(mesh, PartitionSpec()))
+  variables = dict(jax.jit(model.init)(rng, jnp.asarray(example_x[:1])))
+  params = variables.pop("params")
+  step, params, model_state = jax.device_put(
+      (jnp.zeros((), jnp.int32), params, variables),
+      jax.sharding.NamedSharding(mesh, PartitionSpec()))
   opt_state = sj.init_opt_state(tx, params, mesh, axis_name=axis_name)
-  state = TrainState(step=step, params=params, opt_state=opt_state)
-  specs = TrainState(step=PartitionSpec(), params=jax.tree.map(lambda _: PartitionSpec(), params),
+  state = TrainState(step=step, params=params, model_state=model_state, opt_state=opt_state)
+  replicated = functools.partial(jax.tree.map, lambda _: PartitionSpec())
+  specs = TrainState(step=PartitionSpec(), params=replicated(params),
+                     model_state=replicated(model_state),
                      opt_state=sj.opt_state_specs(tx, params, mesh, axis_name=axis_name))
   return state, specs
 
 
-def _cross_entropy(logits, labels, weight):
-  losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-  return jnp.sum(losses * weight), jnp.sum(correct * weight)
+def _loss_terms(task: str, out: jax.Array, y: jax.Array):
+  """Per-target loss and metric: cross-entropy and correctness, or squared and absolute
+  error for regression (``out`` ``(b, 1)``)."""
+  if task == "regress":
+    err = out[..., 0] - y
+    return err ** 2, jnp.abs(err)
+  losses = optax.softmax_cross_entropy_with_integer_labels(out, y)
+  return losses, (jnp.argmax(out, -1) == y).astype(jnp.float32)
+
+
+def _apply(model: nn.Module, state: TrainState, params, x, *, train: bool, rngs=None):
+  """The model's output and, in training, its updated ``model_state`` (batch norm)."""
+  variables = {"params": params, **state.model_state}
+  if train and state.model_state:
+    return model.apply(variables, x, train=True, rngs=rngs, mutable=list(state.model_state))
+  return model.apply(variables, x, train=train, rngs=rngs), state.model_state
 
 
 def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.GradientTransformation,
-               axis_name: str) -> tuple[TrainState, StepMetrics]:
-  """One step on this device's slice ``batch = (x (b, ...), y (b,))``; inside shard_map."""
-  x, y = batch
-  ones = jnp.ones(y.shape, jnp.float32)
+               axis_name: str, task: str, seed: int) -> tuple[TrainState, StepMetrics]:
+  """One step on this device's slice ``batch = (x, y, w)``; inside shard_map.
+
+  The loss is the global weighted mean, so devices whose slices hold more scored targets
+  (masked tokens, non-padding) weigh more: each device's loss is its weighted sum times
+  ``P / total weight``, and the sync averages over the ``P`` devices.
+  """
+  x, y, w = batch
+  size = jax.lax.axis_size(axis_name)
+  total = jnp.maximum(jax.lax.psum(jnp.sum(w), axis_name), 1.0)
+  # Dropout differs per step and device, and is a function of both (a resume repeats it).
+  rngs = {"dropout": jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), state.step),
+                                        jax.lax.axis_index(axis_name))}
 
   def loss_fn(params):
-    loss_sum, correct = _cross_entropy(model.apply({"params": params}, x), y, ones)
-    return loss_sum / y.shape[0], correct
+    out, model_state = _apply(model, state, params, x, train=True, rngs=rngs)
+    losses, metric = _loss_terms(task, out, y)
+    return jnp.sum(losses * w) * size / total, (jnp.sum(metric * w), model_state)
 
   # Varying params keep the gradient local (see the module docstring).
   local_params = jax.lax.pcast(state.params, axis_name, to="varying")
-  (loss, correct), grads = jax.value_and_grad(loss_fn, has_aux=True)(local_params)
+  (loss, (metric, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(local_params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = StepMetrics(loss=jax.lax.pmean(loss, axis_name),
-                        accuracy=jax.lax.pmean(correct / y.shape[0], axis_name))
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  # Batch-norm statistics are averaged so they stay replicated (a few values per channel).
+  model_state = jax.lax.pmean(model_state, axis_name)
+  sums = jax.lax.psum(jnp.stack([loss / size, metric / total]), axis_name)
+  return (state.replace(step=state.step + 1, params=params, model_state=model_state,
+                        opt_state=opt_state),
+          StepMetrics(loss=sums[0], metric=sums[1]))
 
 
-def eval_step(params, batch, *, model: nn.Module, axis_name: str) -> jax.Array:
-  """``(3,)`` float32 sums over the global batch: loss, correct, count (padding excluded)."""
-  x, y, weight = batch
-  loss_sum, correct = _cross_entropy(model.apply({"params": params}, x), y, weight)
-  return jax.lax.psum(jnp.stack([loss_sum, correct, jnp.sum(weight)]), axis_name)
+def eval_step(state: TrainState, batch, *, model: nn.Module, axis_name: str,
+              task: str) -> jax.Array:
+  """``(3,)`` float32 sums over the global batch: loss, metric, weight (padding excluded)."""
+  x, y, w = batch
+  out, _ = _apply(model, state, state.params, x, train=False)
+  losses, metric = _loss_terms(task, out, y)
+  return jax.lax.psum(jnp.stack([jnp.sum(losses * w), jnp.sum(metric * w), jnp.sum(w)]),
+                      axis_name)
 
 
 def compile_steps(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-                  specs: TrainState, axis_name: str):
+                  specs: TrainState, axis_name: str, *, task: str = "classify", seed: int = 0):
   """``(train, evaluate)``: the jitted shard_map programs of the two steps."""
   rows = PartitionSpec(axis_name)
   train = jax.jit(jax.shard_map(
-      functools.partial(train_step, model=model, tx=tx, axis_name=axis_name), mesh=mesh,
-      in_specs=(specs, rows), out_specs=(specs, PartitionSpec()), check_vma=False))
+      functools.partial(train_step, model=model, tx=tx, axis_name=axis_name, task=task,
+                        seed=seed),
+      mesh=mesh, in_specs=(specs, rows), out_specs=(specs, PartitionSpec()), check_vma=False))
   evaluate = jax.jit(jax.shard_map(
-      functools.partial(eval_step, model=model, axis_name=axis_name), mesh=mesh,
-      in_specs=(specs.params, rows), out_specs=PartitionSpec()))
+      functools.partial(eval_step, model=model, axis_name=axis_name, task=task), mesh=mesh,
+      # Without the check: scans (LSTMs) start from unvarying zero carries on varying data.
+      in_specs=(specs, rows), out_specs=PartitionSpec(), check_vma=False))
   return train, evaluate
 
 
@@ -139,7 +196,9 @@ class RunResult(NamedTuple):
 
   Attributes:
     variant: the label.
-    history: one dict per epoch (train/test loss and accuracy, cumulative bytes sent).
+    metric: the dataset's metric, ``"accuracy"`` or ``"mae"`` (regression).
+    history: one dict per epoch: ``train_loss``, ``test_loss``, ``train_<metric>``,
+      ``test_<metric>``, ``bytes_sent`` (cumulative per device), ``residual_norm``.
     num_params: parameters (float entries synchronized per step).
     bytes_per_step: bytes each device sent per step.
     time_per_step: median wall seconds of a train step (compiled, waited for).
@@ -147,6 +206,7 @@ class RunResult(NamedTuple):
   """
 
   variant: str
+  metric: str
   history: list
   num_params: int
   bytes_per_step: float
@@ -154,11 +214,13 @@ class RunResult(NamedTuple):
   state: TrainState
 
 
-def evaluate_model(evaluate, params, ds, mesh, cfg: TrainConfig) -> tuple[float, float]:
-  """Test-set mean loss and accuracy."""
+def evaluate_model(evaluate, state: TrainState, ds: input_pipeline.Dataset, mesh,
+                   cfg: TrainConfig) -> tuple[float, float]:
+  """Test-set mean loss and metric."""
   total = np.zeros(3)
-  for batch in input_pipeline.eval_batches(ds, cfg.batch_size):
-    total += _host(evaluate(params, sj.data_parallel.shard_rows(batch, mesh, cfg.axis_name)))
+  for batch in input_pipeline.eval_batches(ds.test, cfg.batch_size, mesh, cfg.axis_name):
+    total += _host(evaluate(state, sj.data_parallel.shard_rows(batch, mesh, cfg.axis_name,
+                                                               local=True)))
   return total[0] / total[2], total[1] / total[2]
 
 
@@ -169,20 +231,24 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
 
   With ``checkpoint_dir``, the state is saved after every epoch and a run that finds a
   checkpoint there resumes after its epoch (each epoch's data order depends only on the seed
-  and the epoch, so the resumed run is bit-identical to an uninterrupted one).
+  and the epoch, so the resumed run is bit-identical to an uninterrupted one). A checkpoint
+  written on another number of devices is restored with its residual mass redistributed
+  (:func:`train.checkpoint.restore_latest`).
   """
-  from models import create
   from train import checkpoint
 
   if cfg.batch_size % cfg.devices:
     raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --devices "
                      f"({cfg.devices}).")
-  model = create(cfg.model, ds.num_classes, cfg.model_size)
+  check_model_data(cfg.model, ds.name)
+  model = models.create(cfg.model, cfg.model_size, **ds.info)
   tx = make_optimizer(cfg, variant)
-  state, specs = create_train_state(jax.random.key(cfg.seed), model, tx, ds.x_train, mesh,
+  example = ds.train.take(np.arange(1))[0]
+  state, specs = create_train_state(jax.random.key(cfg.seed), model, tx, example, mesh,
                                     cfg.axis_name)
-  train, evaluate = compile_steps(model, tx, mesh, specs, cfg.axis_name)
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  train, evaluate = compile_steps(model, tx, mesh, specs, cfg.axis_name, task=ds.task,
+                                  seed=cfg.seed)
+  num_params = models.count(state.params)
   history, times, sent, first = [], [], 0.0, 1
   mgr = checkpoint.manager(checkpoint_dir) if checkpoint_dir else None
   restored = mgr and checkpoint.restore_latest(mgr, state)
@@ -190,15 +256,21 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
     done, state, history = restored
     first, sent = done + 1, history[-1]["bytes_sent"]
     log.info("%s: resumed from %s after epoch %d", variant.label, checkpoint_dir, done)
-  steps_per_epoch = len(ds.y_train) // cfg.batch_size
-  bar = tqdm(total=(cfg.epochs - first + 1) * steps_per_epoch, desc=variant.label,
+  steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size)
+  if steps < 1:
+    raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
+                     f"({len(ds.train)} examples).")
+  bar = tqdm(total=(cfg.epochs - first + 1) * steps, desc=variant.label,
              disable=not progress or jax.process_index() != 0, unit="step", leave=False)
-  bytes_per_step = float(_host(sj.sync_stats(state.opt_state).bytes_sent)[0])
+  stats = sj.sync_stats(state.opt_state)
+  bytes_per_step = float(_host(stats.bytes_sent)[0])
   for epoch in range(first, cfg.epochs + 1):
-    losses, accs = [], []
-    for batch in input_pipeline.train_batches(ds, cfg.batch_size, seed=cfg.seed, epoch=epoch):
+    losses, metrics_ = [], []
+    for batch in input_pipeline.train_batches(ds.train, cfg.batch_size, mesh, cfg.axis_name,
+                                              seed=cfg.seed, epoch=epoch):
       start = time.perf_counter()
-      state, metrics = train(state, sj.data_parallel.shard_rows(batch, mesh, cfg.axis_name))
+      state, metrics = train(state, sj.data_parallel.shard_rows(batch, mesh, cfg.axis_name,
+                                                                local=True))
       # Waiting for every step also guards the CPU multi-device rendezvous deadlock.
       jax.block_until_ready(state)
       times.append(time.perf_counter() - start)
@@ -206,13 +278,14 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
       bytes_per_step = float(_host(stats.bytes_sent)[0])
       sent += bytes_per_step
       losses.append(float(_host(metrics.loss)))
-      accs.append(float(_host(metrics.accuracy)))
+      metrics_.append(float(_host(metrics.metric)))
       bar.update()
       bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3f}")
-    test_loss, test_acc = evaluate_model(evaluate, state.params, ds, mesh, cfg)
+    test_loss, test_metric = evaluate_model(evaluate, state, ds, mesh, cfg)
     history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
-                    "train_accuracy": float(np.mean(accs)), "test_loss": float(test_loss),
-                    "test_accuracy": float(test_acc), "bytes_sent": sent,
+                    f"train_{ds.metric}": float(np.mean(metrics_)),
+                    "test_loss": float(test_loss), f"test_{ds.metric}": float(test_metric),
+                    "bytes_sent": sent,
                     "residual_norm": float(np.mean(_host(stats.residual_norm)))})
     if mgr:
       checkpoint.save(mgr, epoch, state, history)
@@ -221,4 +294,5 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
     mgr.close()
   # The first step includes compilation.
   time_per_step = float(np.median(times[1:] if len(times) > 1 else times or [np.nan]))
-  return RunResult(variant.label, history, num_params, bytes_per_step, time_per_step, state)
+  return RunResult(variant.label, ds.metric, history, num_params, bytes_per_step,
+                   time_per_step, state)
