@@ -39,6 +39,8 @@ class TrainConfig:
   data_dir: str | None = None
   seq_len: int | None = None  # None: the model's (256 IMDB, 35 PTB, 128 BERT)
   image_size: int = 224  # ImageNet crops
+  steps_per_epoch: int | None = None  # None: one pass over the training set
+  eval_steps: int | None = None  # None: the whole test set
 
 
 def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:

@@ -220,24 +220,29 @@ def load(name: str, req: Request = Request()) -> Dataset:
 
 
 def train_batches(split: Split, batch_size: int, mesh: jax.sharding.Mesh, axis_name: str, *,
-                  seed: int, epoch: int) -> Iterator[Batch]:
-  """This process's rows of each shuffled global batch of one epoch (partial batch dropped)."""
+                  seed: int, epoch: int, steps: int | None = None) -> Iterator[Batch]:
+  """This process's rows of each shuffled global batch of one epoch (partial batch dropped),
+  ``steps`` batches at most."""
   order = np.random.default_rng([seed, epoch]).permutation(len(split))
   rows = process_rows(batch_size, mesh, axis_name)
-  for start in range(0, len(order) - batch_size + 1, batch_size):
-    yield split.take(order[start:start + batch_size][rows])
+  for step in range(steps_per_epoch(split, batch_size, steps)):
+    yield split.take(order[step * batch_size:(step + 1) * batch_size][rows])
 
 
-def eval_batches(split: Split, batch_size: int, mesh: jax.sharding.Mesh,
-                 axis_name: str) -> Iterator[Batch]:
-  """This process's rows of batches covering ``split`` in order; padding rows weigh 0."""
+def eval_batches(split: Split, batch_size: int, mesh: jax.sharding.Mesh, axis_name: str, *,
+                 steps: int | None = None) -> Iterator[Batch]:
+  """This process's rows of batches covering ``split`` in order (the first ``steps``
+  batches with ``steps``); padding rows weigh 0."""
   rows = process_rows(batch_size, mesh, axis_name)
-  for start in range(0, len(split), batch_size):
+  end = len(split) if steps is None else min(len(split), steps * batch_size)
+  for start in range(0, end, batch_size):
     idx = np.arange(start, start + batch_size)
-    real = idx < len(split)
+    real = idx < end
     x, y, w = split.take(np.where(real, idx, 0)[rows])
     yield x, y, w * real[rows].reshape((-1,) + (1,) * (w.ndim - 1))
 
 
-def steps_per_epoch(split: Split, batch_size: int) -> int:
-  return len(split) // batch_size
+def steps_per_epoch(split: Split, batch_size: int, cap: int | None = None) -> int:
+  """Whole batches in ``split``, ``cap`` at most."""
+  whole = len(split) // batch_size
+  return whole if cap is None else min(whole, cap)

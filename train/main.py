@@ -55,6 +55,10 @@ def _parse_args(argv):
                       "accelerators when present (default: %(default)s)")
   p.add_argument("--epochs", type=int, default=d.epochs)
   p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch size")
+  p.add_argument("--steps-per-epoch", type=int, default=d.steps_per_epoch,
+                 help="cap on train steps per epoch (default: one pass over the data)")
+  p.add_argument("--eval-steps", type=int, default=d.eval_steps,
+                 help="cap on test batches per evaluation (default: the whole test set)")
   p.add_argument("--lr", type=float, default=d.lr)
   p.add_argument("--momentum", type=float, default=d.momentum)
   p.add_argument("--seed", type=int, default=d.seed)
@@ -97,7 +101,8 @@ def main(argv=None) -> int:
                     variants=variants, devices=args.devices, epochs=args.epochs,
                     batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
                     seed=args.seed, out=args.out, data_dir=args.data_dir,
-                    seq_len=args.seq_len, image_size=args.image_size)
+                    seq_len=args.seq_len, image_size=args.image_size,
+                    steps_per_epoch=args.steps_per_epoch, eval_steps=args.eval_steps)
   check_model_data(cfg.model, cfg.dataset)
   mesh = make_mesh(cfg.devices)
   ds = input_pipeline.load(cfg.dataset, data_request(cfg))

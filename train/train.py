@@ -218,7 +218,8 @@ def evaluate_model(evaluate, state: TrainState, ds: input_pipeline.Dataset, mesh
                    cfg: TrainConfig) -> tuple[float, float]:
   """Test-set mean loss and metric."""
   total = np.zeros(3)
-  for batch in input_pipeline.eval_batches(ds.test, cfg.batch_size, mesh, cfg.axis_name):
+  for batch in input_pipeline.eval_batches(ds.test, cfg.batch_size, mesh, cfg.axis_name,
+                                           steps=cfg.eval_steps):
     total += _host(evaluate(state, sj.data_parallel.shard_rows(batch, mesh, cfg.axis_name,
                                                                local=True)))
   return total[0] / total[2], total[1] / total[2]
@@ -256,7 +257,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
     done, state, history = restored
     first, sent = done + 1, history[-1]["bytes_sent"]
     log.info("%s: resumed from %s after epoch %d", variant.label, checkpoint_dir, done)
-  steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size)
+  steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
   if steps < 1:
     raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
                      f"({len(ds.train)} examples).")
@@ -267,7 +268,8 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
   for epoch in range(first, cfg.epochs + 1):
     losses, metrics_ = [], []
     for batch in input_pipeline.train_batches(ds.train, cfg.batch_size, mesh, cfg.axis_name,
-                                              seed=cfg.seed, epoch=epoch):
+                                              seed=cfg.seed, epoch=epoch,
+                                              steps=cfg.steps_per_epoch):
       start = time.perf_counter()
       state, metrics = train(state, sj.data_parallel.shard_rows(batch, mesh, cfg.axis_name,
                                                                 local=True))
