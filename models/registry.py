@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import flax.linen as nn
@@ -98,8 +97,9 @@ MODELS: dict[str, ModelSpec] = {
                       dict(vocab_size=256, hidden=32, layers=2, heads=2, ffn=64, max_len=128,
                            dropout_rate=0.0), ("corpus",), ((128,), np.int32),
                       objective="mlm",
-                      paper=Paper(133.5e6, 592_130, "BERT-base with an untied MLM output layer; "
-                                                    "the next-sentence head (592,130) is left out")),
+                      paper=Paper(133.5e6, 592_130, "BERT-base with an untied MLM output "
+                                                    "layer; the next-sentence head (592,130) "
+                                                    "is left out")),
     "cnn1d": ModelSpec(small.CNN1D, dict(), dict(features=(8, 8), hidden=16), ("signal",),
                        ((40,), np.float32)),
     "mlp": ModelSpec(small.MLP, dict(hidden=(128,)), dict(hidden=(16,)),

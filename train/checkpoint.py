@@ -52,13 +52,14 @@ def _name(key) -> str:
 
 
 def _paths(tree) -> list[tuple[str, ...]]:
-  return [tuple(_name(k) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return [tuple(_name(k) for k in path) for path, _ in leaves]
 
 
 def fold_residual(saved: np.ndarray, devices: int) -> np.ndarray:
   """``(P, n)`` residual rows -> ``(devices, n)`` rows with the same total, evenly spread."""
   total = saved.astype(np.float64).sum(axis=0)
-  rows = np.broadcast_to((total / devices).astype(saved.dtype), (devices, *saved.shape[1:])).copy()
+  rows = np.repeat((total / devices).astype(saved.dtype)[None], devices, axis=0)
   rows[-1] = (total - rows[:-1].astype(np.float64).sum(axis=0)).astype(saved.dtype)
   return rows
 
