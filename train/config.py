@@ -32,7 +32,9 @@ class TrainConfig:
   epochs: int = 30
   batch_size: int = 128
   lr: float = 0.05
-  momentum: float = 0.9
+  momentum: float = 0.9  # SGD's
+  optimizer: str = "sgd"  # or "adamw" (BERT)
+  weight_decay: float = 0.01  # AdamW's
   seed: int = 0
   out: str = "train_out"
   axis_name: str = "data"

@@ -60,7 +60,10 @@ def _parse_args(argv):
   p.add_argument("--eval-steps", type=int, default=d.eval_steps,
                  help="cap on test batches per evaluation (default: the whole test set)")
   p.add_argument("--lr", type=float, default=d.lr)
-  p.add_argument("--momentum", type=float, default=d.momentum)
+  p.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adamw"],
+                 help="applied to the synchronized gradient (default: %(default)s)")
+  p.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
+  p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW decay")
   p.add_argument("--seed", type=int, default=d.seed)
   p.add_argument("--out", default=d.out, help="directory for metrics and the plot")
   p.add_argument("--checkpoint", action="store_true",
@@ -100,6 +103,7 @@ def main(argv=None) -> int:
   cfg = TrainConfig(model=args.model, model_size=args.model_size, dataset=args.dataset,
                     variants=variants, devices=args.devices, epochs=args.epochs,
                     batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
+                    optimizer=args.optimizer, weight_decay=args.weight_decay,
                     seed=args.seed, out=args.out, data_dir=args.data_dir,
                     seq_len=args.seq_len, image_size=args.image_size,
                     steps_per_epoch=args.steps_per_epoch, eval_steps=args.eval_steps)

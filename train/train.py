@@ -67,10 +67,19 @@ def make_mesh(devices: int, axis_name: str = "data") -> jax.sharding.Mesh:
 
 
 def make_optimizer(cfg: TrainConfig, variant: Variant) -> optax.GradientTransformation:
-  """The variant's gradient sync followed by SGD with momentum."""
+  """The variant's gradient sync followed by SGD with momentum or AdamW (``cfg.optimizer``).
+
+  The sync comes first, so the optimizer sees the synchronized gradient and its state stays
+  replicated.
+  """
+  if cfg.optimizer == "sgd":
+    opt = optax.sgd(cfg.lr, momentum=cfg.momentum)
+  elif cfg.optimizer == "adamw":
+    opt = optax.adamw(cfg.lr, weight_decay=cfg.weight_decay)
+  else:
+    raise ValueError(f"--optimizer must be 'sgd' or 'adamw', got {cfg.optimizer!r}.")
   return optax.chain(
-      sj.sync_gradients(variant.method, axis_name=cfg.axis_name, **variant.options),
-      optax.sgd(cfg.lr, momentum=cfg.momentum))
+      sj.sync_gradients(variant.method, axis_name=cfg.axis_name, **variant.options), opt)
 
 
 def check_model_data(model: str, dataset: str) -> None:
