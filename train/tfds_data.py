@@ -129,8 +129,10 @@ def load(name: str, req: Request) -> Dataset:
     return Dataset(name, kind, "classify", split(train), split(test),
                    {"num_classes": 2, "vocab_size": len(vocab)})
   objective = input_pipeline.corpus_objective(name, req)
-  splits = [input_pipeline.token_split(text.sequences(
-      lambda idx, src=src: ids(_records(src, idx)), len(src), req.seq_len),
-                                       objective, vocab_size=len(vocab), seed=req.seed + i)
-            for i, src in enumerate((train, test))]
-  return Dataset(name, kind, objective, *splits, {"vocab_size": len(vocab)})
+
+  def corpus_split(src, seed):
+    tokens = text.sequences(lambda idx: ids(_records(src, idx)), len(src), req.seq_len)
+    return input_pipeline.token_split(tokens, objective, vocab_size=len(vocab), seed=seed)
+
+  return Dataset(name, kind, objective, corpus_split(train, req.seed),
+                 corpus_split(test, req.seed + 1), {"vocab_size": len(vocab)})
