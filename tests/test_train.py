@@ -180,3 +180,34 @@ def test_every_task_trains(tmp_path, model, dataset, seq_len):
     for s in stats:
       shards = [np.asarray(x.data) for x in s.addressable_shards]
       assert all(np.array_equal(shards[0], x) for x in shards)
+
+
+def test_redistribution_rules():
+  """Residual rows keep their total; MultiSteps accumulators keep their mean."""
+  from train import checkpoint
+
+  rng = np.random.default_rng(0)
+  saved = (rng.standard_normal((8, 1000)) * 10 ** rng.uniform(-3, 3, 1000)).astype(np.float32)
+  for devices in (1, 3, 4, 6, 16):
+    rows = checkpoint.fold_residual(saved, devices)
+    assert rows.shape == (devices, 1000) and rows.dtype == np.float32
+    total = saved.astype(np.float64).sum(0)
+    np.testing.assert_allclose(rows.astype(np.float64).sum(0), total, rtol=0,
+                               atol=1e-6 * np.abs(saved).max())
+    assert devices == 1 or np.ptp(rows[:-1], axis=0).max() == 0  # evenly spread
+  mesh = make_mesh(4)
+  like = jax.device_put(jnp.zeros((4 * 3, 5)), jax.sharding.NamedSharding(mesh, P("data")))
+  acc = rng.standard_normal((8 * 3, 5)).astype(np.float32)
+  rows = checkpoint._redistribute(("opt_state", "acc_grads", "w"), acc, like, 8)
+  np.testing.assert_allclose(rows.reshape(4, 3, 5).mean(0), acc.reshape(8, 3, 5).mean(0),
+                             rtol=1e-6)
+
+
+def test_a_checkpoint_of_another_train_state_is_a_clear_error(digits, tmp_path):
+  ckpt = str(tmp_path / "ckpt")
+  cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=4, epochs=1,
+                    batch_size=64, steps_per_epoch=2)
+  train_and_evaluate(cfg, SPARDL, digits, make_mesh(4), progress=False, checkpoint_dir=ckpt)
+  with pytest.raises(ValueError, match="holds another train state"):
+    train_and_evaluate(cfg, Variant("oktopk", "oktopk", {"density": 0.01}), digits,
+                       make_mesh(4), progress=False, checkpoint_dir=ckpt)

@@ -98,6 +98,11 @@ def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, list]
   saved = dict(zip(_paths(metadata), jax.tree.leaves(metadata)))
   leaves, treedef = jax.tree.flatten(like)
   paths = _paths(like)
+  if set(paths) != set(saved):
+    differ = sorted(set(paths) ^ set(saved))[:3]
+    raise ValueError(f"checkpoint {epoch} in {mgr.directory} holds another train state "
+                     f"(another model, method or optimizer?): leaves {differ} are only on "
+                     f"one side. Use a fresh checkpoint directory.")
   changed = {i for i, (p, a) in enumerate(zip(paths, leaves))
              if tuple(saved[p].shape) != a.shape}
   # Leaves to rebuild are read whole onto one local device, the rest with their shardings.
