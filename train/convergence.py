@@ -74,7 +74,8 @@ def plot(path: str, curves: dict) -> None:
 
   fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.6), squeeze=False)
   for ax, (case, methods) in zip(axes[0], curves.items()):
-    for method, (metric, values) in methods.items():
+    metric = next(iter(methods.values()))[0]
+    for method, (_, values) in methods.items():
       epochs = np.arange(1, values.shape[1] + 1)
       ax.plot(epochs, values.mean(0), marker=".", label=method)
       ax.fill_between(epochs, values.min(0), values.max(0), alpha=0.2)
