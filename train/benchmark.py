@@ -135,7 +135,9 @@ def main(argv=None) -> int:
   args = _parse_args(argv)
   import jax
 
-  jax.config.update("jax_num_cpu_devices", args.devices)
+  from train.train import simulate_devices
+
+  simulate_devices(args.devices)
   from tqdm import tqdm
 
   import models
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
     need_gb = args.devices * params * 4 * COPIES / 2**30
     if need_gb > args.max_memory_gb:
       rows.append({"model": name, "size": size, "method": method, "params": params,
-                   "skipped": f"needs ~{need_gb:.0f} GB"})
+                   "skipped": f"needs ~{need_gb:.2g} GB"})
       continue
     per_device = args.batch_per_device or (16 if size == "tiny" else 2)
     rows.append(measure(name, size, method, args.devices, per_device, args.steps))

@@ -91,7 +91,9 @@ def main(argv=None) -> int:
   args = _parse_args(argv)
   import jax
 
-  jax.config.update("jax_num_cpu_devices", args.devices)
+  from train.train import simulate_devices
+
+  simulate_devices(args.devices)
   from tqdm import tqdm
 
   from train import input_pipeline

@@ -87,11 +87,10 @@ def main(argv=None) -> int:
 
   # A multi-process job (python -m spardl_jax.launch, or --distributed on a cluster) sets
   # its local devices itself; --devices then counts the devices of all processes.
+  from train.train import simulate_devices
+
   if not distributed.initialize(auto=args.distributed):
-    try:  # Only the CPU backend reads it, and only before it starts.
-      jax.config.update("jax_num_cpu_devices", max(args.devices, 1))
-    except RuntimeError:  # Started already (an embedding program); make_mesh checks it.
-      pass
+    simulate_devices(args.devices)
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # one logging process
   from train import input_pipeline, report

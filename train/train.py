@@ -56,6 +56,18 @@ class StepMetrics(NamedTuple):
   metric: jax.Array
 
 
+def simulate_devices(devices: int) -> None:
+  """Asks for ``devices`` simulated CPU devices, if the backend has not started yet.
+
+  Only the CPU backend reads the setting; once it has started (an embedding program, a
+  test session) the call does nothing and :func:`make_mesh` checks what is there.
+  """
+  try:
+    jax.config.update("jax_num_cpu_devices", max(devices, 1))
+  except RuntimeError:
+    pass
+
+
 def make_mesh(devices: int, axis_name: str = "data") -> jax.sharding.Mesh:
   """A 1-D mesh over the first ``devices`` devices of the default backend."""
   available = jax.devices()
