@@ -89,7 +89,6 @@ def plot(path: str, curves: dict) -> None:
 
 def main(argv=None) -> int:
   args = _parse_args(argv)
-  import jax
 
   from train.train import simulate_devices
 
