@@ -89,14 +89,12 @@ def plot(path: str, curves: dict) -> None:
 
 def main(argv=None) -> int:
   args = _parse_args(argv)
-
-  from train.train import simulate_devices
-
-  simulate_devices(args.devices)
   from tqdm import tqdm
 
   from train import input_pipeline
-  from train.train import data_request, make_mesh, train_and_evaluate
+  from train.train import data_request, make_mesh, simulate_devices, train_and_evaluate
+
+  simulate_devices(args.devices)
 
   mesh = make_mesh(args.devices)
   rows, curves = [], {}
