@@ -84,11 +84,10 @@ def main(argv=None) -> int:
   logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
   log.setLevel(logging.INFO)
   from spardl_jax import distributed
+  from train.train import simulate_devices
 
   # A multi-process job (python -m spardl_jax.launch, or --distributed on a cluster) sets
   # its local devices itself; --devices then counts the devices of all processes.
-  from train.train import simulate_devices
-
   if not distributed.initialize(auto=args.distributed):
     simulate_devices(args.devices)
   if jax.process_index() != 0:
