@@ -5,7 +5,7 @@
 * ``allreduce``: one SparDL all-reduce (d = 1 and d = 2) and one TopkA all-reduce of fixed
   inputs over every device of the job; each rank saves the rows of its devices.
 * ``train``: 2 epochs of the digits trainer with SparDL; rank 0 saves the parameters and
-  every rank its devices' residual rows.
+  every rank its devices' residual rows and the training examples it read.
 * ``crash``: rank 1 dies after joining; the others wait in a collective.
 """
 
@@ -40,6 +40,21 @@ def local_rows(x):
   return {s.index[0].start: np.asarray(s.data)[0] for s in x.addressable_shards}
 
 
+def recording(ds):
+  """``ds`` whose training split logs the indices of every read, and that log."""
+  import dataclasses
+
+  from train.input_pipeline import Split
+
+  reads = []
+
+  def take(idx):
+    reads.append(np.array(idx))
+    return ds.train.take(idx)
+
+  return dataclasses.replace(ds, train=Split(ds.train.size, take)), reads
+
+
 def main(mode, out):
   rank = jax.process_index()
   mesh = jax.make_mesh((P_ALL,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
@@ -61,13 +76,14 @@ def main(mode, out):
     from train.train import make_mesh, train_and_evaluate
     cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=P_ALL,
                       epochs=2, batch_size=64)
-    result = train_and_evaluate(cfg, Variant("spardl", "spardl", {"density": 0.05}),
-                                input_pipeline.load("digits"), make_mesh(P_ALL),
-                                progress=False)
+    ds, reads = recording(input_pipeline.load("digits"))
+    result = train_and_evaluate(cfg, Variant("spardl", "spardl", {"density": 0.05}), ds,
+                                make_mesh(P_ALL), progress=False)
     saved = {f"r_{row}": v for row, v in
              local_rows(result.state.opt_state[0].method_state.residual).items()}
     for i, leaf in enumerate(jax.tree.leaves(result.state.params)):
       saved[f"param_{i}"] = np.asarray(leaf.addressable_data(0))
+    saved[f"reads_{rank}"] = np.stack(reads[1:])  # [0]: the example init reads
     np.savez(os.path.join(out, f"rank{rank}.npz"), **saved)
   elif mode == "crash":
     if rank == 1:

@@ -56,8 +56,15 @@ def test_training_over_processes_matches_one_process(tmp_path):
   from train.train import make_mesh, train_and_evaluate
   cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=4, epochs=2,
                     batch_size=64)
-  result = train_and_evaluate(cfg, Variant("spardl", "spardl", {"density": 0.05}),
-                              input_pipeline.load("digits"), make_mesh(4), progress=False)
+  ds, reads = mp_worker.recording(input_pipeline.load("digits"))
+  result = train_and_evaluate(cfg, Variant("spardl", "spardl", {"density": 0.05}), ds,
+                              make_mesh(4), progress=False)
+  # Each process read only its half of every global batch: rank 0 the first 32 rows (its
+  # devices come first on the mesh), rank 1 the rest.
+  batches = np.stack(reads[1:])  # reads[0]: the one example the model is initialized from
+  assert batches.shape == (2 * (len(ds.train) // 64), 64)
+  np.testing.assert_array_equal(saved["reads_0"], batches[:, :32])
+  np.testing.assert_array_equal(saved["reads_1"], batches[:, 32:])
   for i, leaf in enumerate(jax.tree.leaves(result.state.params)):
     np.testing.assert_array_equal(saved[f"param_{i}"], np.asarray(leaf))
   residual = np.asarray(result.state.opt_state[0].method_state.residual)
