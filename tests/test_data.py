@@ -154,3 +154,24 @@ def test_model_and_dataset_must_fit():
   with pytest.raises(ValueError, match="--dataset must be one of"):
     check_model_data("bert", "c4")
   check_model_data("bert", "wikipedia/20201201.en")
+
+
+def test_cifar_training_batches_are_cropped_and_flipped(tmp_path):
+  mesh = make_mesh(2)
+  with tfds.testing.mock_data(num_examples=8, data_dir=str(tmp_path)):
+    ds = input_pipeline.load("cifar10", Request(data_dir=str(tmp_path)))
+    assert ds.train.augment is not None and ds.test.augment is None
+    plain = ds.train.take(np.arange(8))[0]
+    epochs = [np.concatenate([x for x, _, _ in input_pipeline.train_batches(
+        ds.train, 8, mesh, "data", seed=0, epoch=e)]) for e in (1, 1, 2)]
+  order = np.random.default_rng([0, 1]).permutation(8)
+  x = epochs[0]
+  np.testing.assert_array_equal(x, epochs[1])  # a function of (seed, epoch, index)
+  assert not np.array_equal(x, epochs[2])
+  for row, index in enumerate(order):
+    # Each image is a shifted (up to 4 pixels, zero-filled) and maybe mirrored original.
+    candidates = [np.pad(img, ((4, 4), (4, 4), (0, 0)))[dy:dy + 32, dx:dx + 32]
+                  for img in (plain[index], plain[index][:, ::-1])
+                  for dy in range(9) for dx in range(9)]
+    assert any(np.array_equal(c, x[row]) for c in candidates)
+  assert sum(not np.array_equal(x[row], plain[i]) for row, i in enumerate(order)) >= 6

@@ -50,13 +50,34 @@ Batch = text.Batch
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-  """``size`` examples; ``take(indices (b,) int) -> (x, y, w)`` reads those examples."""
+  """``size`` examples; ``take(indices (b,) int) -> (x, y, w)`` reads those examples.
+
+  ``augment(batch, indices, seed=, epoch=) -> batch``, when set, is applied to training
+  batches; it must depend only on its arguments (a resumed run repeats it).
+  """
 
   size: int
   take: Callable[[np.ndarray], Batch]
+  augment: Callable[..., Batch] | None = None
 
   def __len__(self) -> int:
     return self.size
+
+
+def crop_and_flip(batch: Batch, indices: np.ndarray, *, seed: int, epoch: int,
+                  pad: int = 4) -> Batch:
+  """The standard CIFAR augmentation: a random crop of the zero-padded image (``pad`` pixels
+  each side) and a random horizontal flip, drawn per (seed, epoch, example index)."""
+  x, y, w = batch
+  b, h, wd = x.shape[:3]
+  padded = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+  out = np.empty_like(x)
+  for row, index in enumerate(indices):
+    dy, dx, flip = np.random.default_rng([seed, epoch, int(index)]).integers(
+        0, [2 * pad + 1, 2 * pad + 1, 2])
+    crop = padded[row, dy:dy + h, dx:dx + wd]
+    out[row] = crop[:, ::-1] if flip else crop
+  return out, y, w
 
 
 def array_split(x: np.ndarray, y: np.ndarray) -> Split:
@@ -226,7 +247,9 @@ def train_batches(split: Split, batch_size: int, mesh: jax.sharding.Mesh, axis_n
   order = np.random.default_rng([seed, epoch]).permutation(len(split))
   rows = process_rows(batch_size, mesh, axis_name)
   for step in range(steps_per_epoch(split, batch_size, steps)):
-    yield split.take(order[step * batch_size:(step + 1) * batch_size][rows])
+    idx = order[step * batch_size:(step + 1) * batch_size][rows]
+    batch = split.take(idx)
+    yield split.augment(batch, idx, seed=seed, epoch=epoch) if split.augment else batch
 
 
 def eval_batches(split: Split, batch_size: int, mesh: jax.sharding.Mesh, axis_name: str, *,

@@ -80,13 +80,13 @@ def _image(img: np.ndarray, size: int | None) -> np.ndarray:
   return (img.astype(np.float32) / 255 - _MEAN) / _STD
 
 
-def _image_split(src, size: int | None) -> Split:
+def _image_split(src, size: int | None, augment=None) -> Split:
   def take(idx):
     recs = _records(src, idx)
     x = np.stack([_image(r["image"], size) for r in recs])
     y = np.array([r["label"] for r in recs], np.int32)
     return x, y, np.ones(len(y), np.float32)
-  return Split(len(src), take)
+  return Split(len(src), take, augment)
 
 
 def _text(record) -> str:
@@ -112,8 +112,10 @@ def load(name: str, req: Request) -> Dataset:
   if kind == "image":
     size = req.image_size if base == "imagenet2012" else None
     num_classes = {"cifar10": 10, "cifar100": 100, "imagenet2012": 1000}[base]
-    return Dataset(name, kind, "classify", _image_split(train, size), _image_split(test, size),
-                   {"num_classes": num_classes})
+    # CIFAR trains with random crops and flips; ImageNet with center crops only.
+    augment = input_pipeline.crop_and_flip if size is None else None
+    return Dataset(name, kind, "classify", _image_split(train, size, augment),
+                   _image_split(test, size), {"num_classes": num_classes})
   vocab = _vocabulary(train, req)
 
   def ids(records):
