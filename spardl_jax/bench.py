@@ -37,6 +37,8 @@ import statistics
 import sys
 import time
 
+from spardl_jax.config import ETHERNET_10G
+
 PAPER_SIZES = [14_700_000, 20_100_000, 23_500_000, 9_200_000, 35_200_000, 66_000_000,
                133_500_000]
 ALL_METHODS = ["dense", "spardl", "topka", "topkdsa", "gtopk", "oktopk"]
@@ -69,8 +71,10 @@ def _parse_args(argv):
   parser.add_argument("--teams", default="1",
                       help="SparDL team counts d: a comma list, or 'all' for every divisor")
   parser.add_argument("--sag", default="auto", choices=["auto", "recursive", "bruck"])
-  parser.add_argument("--alpha", type=float, default=50e-6, help="latency per round (s)")
-  parser.add_argument("--beta", type=float, default=1 / 1.25e9, help="seconds per byte")
+  parser.add_argument("--alpha", type=float, default=ETHERNET_10G["alpha"],
+                      help="latency per round (s); default 10 Gbit/s Ethernet")
+  parser.add_argument("--beta", type=float, default=ETHERNET_10G["beta"],
+                      help="seconds per byte; default 10 Gbit/s Ethernet")
   parser.add_argument("--repeats", type=int, default=5, help="timed calls per method")
   parser.add_argument("--max-memory-gb", type=float, default=6.0,
                       help="time a configuration only if its arrays fit in this much memory")

@@ -15,6 +15,9 @@ Residuals = Literal["global", "local", "none"]
 RESIDUAL_MODES = ("global", "local", "none")
 Sag = Literal["auto", "recursive", "bruck"]
 SAG_MODES = ("auto", "recursive", "bruck")
+# Alpha-beta parameters of two networks: latency per round (s) and seconds per byte.
+ETHERNET_10G = {"alpha": 50e-6, "beta": 1 / 1.25e9}
+INFINIBAND_100G = {"alpha": 2e-6, "beta": 1 / 12.5e9}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,8 +51,8 @@ class SparDLConfig:
   teams: int | Literal["auto"] = 1
   sag: Sag = "auto"
   residuals: Residuals = "global"
-  alpha: float = 50e-6
-  beta: float = 1 / 1.25e9
+  alpha: float = ETHERNET_10G["alpha"]
+  beta: float = ETHERNET_10G["beta"]
 
   def __post_init__(self):
     check_density(self)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 
 from spardl_jax import traffic
-from spardl_jax.config import BlockLayout
+from spardl_jax.config import ETHERNET_10G, INFINIBAND_100G, BlockLayout
 
-ETHERNET_10G = {"alpha": 50e-6, "beta": 1 / 1.25e9}
-INFINIBAND_100G = {"alpha": 2e-6, "beta": 1 / 12.5e9}
+__all__ = ["ETHERNET_10G", "INFINIBAND_100G", "choose_teams", "modeled_seconds", "paper_table1",
+           "sag_kind", "spardl_cost"]
 
 
 def sag_kind(teams: int, sag: str) -> str:

@@ -18,7 +18,7 @@ import optax
 
 from spardl_jax import methods
 from spardl_jax.allreduce import _bound_axis_names
-from spardl_jax.config import Residuals, Sag
+from spardl_jax.config import ETHERNET_10G, Residuals, Sag
 
 
 class SyncStats(NamedTuple):
@@ -168,8 +168,8 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
 
 
 def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int | str = 1,
-           sag: Sag = "auto", residuals: Residuals = "global", alpha: float = 50e-6,
-           beta: float = 1 / 1.25e9,
+           sag: Sag = "auto", residuals: Residuals = "global",
+           alpha: float = ETHERNET_10G["alpha"], beta: float = ETHERNET_10G["beta"],
            axis_size: int | None = None) -> optax.GradientTransformation:
   """SparDL gradient synchronization as an optax transformation.
 
