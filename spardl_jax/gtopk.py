@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from spardl_jax import messages
 from spardl_jax.config import DensityConfig
 from spardl_jax.sparse import (INVALID, ResidualState, check_local, init_residual, local_topk,
-                               sparse_sum, top_of_union, topk_count)
+                               merge_with_partner, topk_count)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -71,16 +71,12 @@ def gtopk_allreduce(x: jax.Array, state: ResidualState, config: GTopkConfig, *,
   levels = (p - 1).bit_length()
   for j in range(levels):
     s = 2**j
-    message = jax.lax.ppermute(messages.pack(offsets[None], values[None]), axis_name,
-                               perm=reduce_pairs(p, j))
-    theirs_off, theirs_val = messages.unpack(message, k, x.dtype)
     merging = (rank % (2 * s) == 0) & (rank + s < p)
     # The receiver has the lower rank: its own pairs come first in the sum.
-    union = sparse_sum(jnp.stack([offsets, theirs_off[0]]), jnp.stack([values, theirs_val[0]]))
-    kept_off, kept_val, kept = top_of_union(union, k)
-    dropped = merging & (union.offsets != INVALID) & ~kept
-    residual = residual.at[jnp.where(dropped, union.offsets, INVALID)].add(union.sums,
-                                                                           mode="drop")
+    kept_off, kept_val, union, dropped = merge_with_partner(
+        offsets, values, k, perm=reduce_pairs(p, j), axis_name=axis_name)
+    residual = residual.at[jnp.where(merging & dropped, union.offsets, INVALID)].add(
+        union.sums, mode="drop")
     offsets = jnp.where(merging, kept_off, offsets)
     values = jnp.where(merging, kept_val, values)
   for j in reversed(range(levels)):

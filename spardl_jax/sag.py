@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spardl_jax import bruck, messages, schedule
-from spardl_jax.sparse import (INVALID, in_worker_order, magnitude_order, sparse_sum,
-                               top_of_union)
+from spardl_jax.sparse import (INVALID, in_worker_order, magnitude_order,
+                               merge_with_partner, sparse_sum, top_of_union)
 
 class Share(NamedTuple):
   """Discarded R-SAG mass this worker keeps: ``values`` at block ``offsets`` (``(L,)``)."""
@@ -49,17 +49,10 @@ def recursive_sag(offsets: jax.Array, values: jax.Array, *, kb: int, p: int, q: 
   d = p // q
   shares = []
   for j in range(d.bit_length() - 1):
-    message = jax.lax.ppermute(messages.pack(offsets[None], values[None]), axis_name,
-                               perm=schedule.recursive_doubling_permutation(p, q, j))
-    theirs_off, theirs_val = messages.unpack(message, kb, values.dtype)
-    mine_first = (team >> j) % 2 == 0
-    rows_off = jnp.where(mine_first, jnp.stack([offsets, theirs_off[0]]),
-                         jnp.stack([theirs_off[0], offsets]))
-    rows_val = jnp.where(mine_first, jnp.stack([values, theirs_val[0]]),
-                         jnp.stack([theirs_val[0], values]))
-    union = sparse_sum(rows_off, rows_val)
-    offsets, values, kept = top_of_union(union, kb)
-    dropped = (union.offsets != INVALID) & ~kept
+    # The lower team's pairs come first in the sum, on both sides of the exchange.
+    offsets, values, union, dropped = merge_with_partner(
+        offsets, values, kb, perm=schedule.recursive_doubling_permutation(p, q, j),
+        axis_name=axis_name, mine_first=(team >> j) % 2 == 0)
     shares.append(Share(jnp.where(dropped, union.offsets, INVALID),
                         union.sums * np.asarray(0.5 ** (j + 1), values.dtype)))
   return offsets, values, shares

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax import bruck, schedule, topk
+from spardl_jax import bruck, messages, schedule, topk
 
 INVALID = np.iinfo(np.int32).max
 
@@ -58,6 +58,34 @@ def top_of_union(union: Union, kb: int) -> tuple[jax.Array, jax.Array, jax.Array
   pos = topk.select(keys[None], kb)[0]
   kept = jnp.zeros((size,), jnp.bool_).at[pos].set(True) & (union.offsets != INVALID)
   return union.offsets[pos], union.sums[pos], kept
+
+
+def merge_with_partner(offsets: jax.Array, values: jax.Array, k: int, *, perm, axis_name,
+                       mine_first=True) -> tuple[jax.Array, jax.Array, Union, jax.Array]:
+  """One pairwise merge: send this worker's ``(k,)`` pairs along ``perm``, sum them with the
+  pairs received, and keep the top-``k`` of the sum.
+
+  Args:
+    offsets, values: ``(k,)`` this worker's pairs.
+    k: pairs per message.
+    perm: the ``ppermute`` (source, target) pairs.
+    axis_name: the mesh axis.
+    mine_first: (bool or () bool) this worker's row comes first in the sum. Partners must
+      agree on the order, so both compute the same bits.
+
+  Returns:
+    ``(offsets, values, union, dropped)``: the ``(k,)`` kept pairs (ascending), the sum, and
+    the ``(L,)`` mask of its slots the top-``k`` discarded.
+  """
+  message = jax.lax.ppermute(messages.pack(offsets[None], values[None]), axis_name, perm=perm)
+  theirs_off, theirs_val = messages.unpack(message, k, values.dtype)
+  rows_off = jnp.where(mine_first, jnp.stack([offsets, theirs_off[0]]),
+                       jnp.stack([theirs_off[0], offsets]))
+  rows_val = jnp.where(mine_first, jnp.stack([values, theirs_val[0]]),
+                       jnp.stack([theirs_val[0], values]))
+  union = sparse_sum(rows_off, rows_val)
+  kept_off, kept_val, kept = top_of_union(union, k)
+  return kept_off, kept_val, union, (union.offsets != INVALID) & ~kept
 
 
 def local_topk(g: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
