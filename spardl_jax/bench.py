@@ -29,7 +29,6 @@ assumption. ``--out`` writes ``results.json`` and ``modeled_time.png`` (modeled 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -160,9 +159,7 @@ def run(args) -> list[dict]:
     best = cost.choose_teams(p, n, args.density, alpha=args.alpha, beta=args.beta,
                              sag=args.sag)
     for label, method, d in _variants(args, p):
-      state_spec = jax.tree.map(
-          lambda a, s=sharded: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-          jax.eval_shape(functools.partial(methods.init_rows, method, p, n)))
+      state_spec = methods.abstract_rows(method, p, n, sharded)
       # One compilation serves both the HLO traffic count and the timing.
       compiled = methods.sharded(method, mesh, axis).lower(x_spec, state_spec).compile()
       measured = traffic.parse_hlo(compiled.as_text()).branch(-1)

@@ -20,6 +20,7 @@ oktopk     Ok-Topk: thresholds, balanced regions                       ``density
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -176,6 +177,13 @@ def make(method: str, **options) -> AllReduce:
 def init_rows(method: AllReduce, p: int, n: int, dtype=jnp.float32):
   """``method``'s initial state for ``p`` devices: every leaf gets a leading ``(p,)`` axis."""
   return jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)), method.init(n, dtype, p))
+
+
+def abstract_rows(method: AllReduce, p: int, n: int, sharding, dtype=jnp.float32):
+  """:func:`init_rows` as ``jax.ShapeDtypeStruct`` leaves placed with ``sharding``: what
+  ``sharded(method, ...).lower`` needs for the state, without allocating it."""
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                      jax.eval_shape(functools.partial(init_rows, method, p, n, dtype)))
 
 
 def sharded(method: AllReduce, mesh: jax.sharding.Mesh, axis_name: str = "data"):

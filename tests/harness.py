@@ -56,11 +56,15 @@ def run(xs, rs, config):
 
 
 def hlo_text(p, n, config, dtype=jnp.float32):
-  spec = jax.ShapeDtypeStruct((p, n), dtype, sharding=NamedSharding(mesh(p), P(AXIS)))
-  state = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh(p), P(AXIS))),
-      jax.eval_shape(lambda: sj.methods.init_rows(sj.methods.spardl(config), p, n, dtype)))
-  return compiled(p, config).lower(spec, state).compile().as_text()
+  return _hlo(compiled(p, config), sj.methods.spardl(config), p, n, dtype)
+
+
+def _hlo(fn, method, p, n, dtype):
+  """The compiled HLO of `fn` (a `methods.sharded` program) on (P, n) gradients."""
+  sharding = NamedSharding(mesh(p), P(AXIS))
+  spec = jax.ShapeDtypeStruct((p, n), dtype, sharding=sharding)
+  state = sj.methods.abstract_rows(method, p, n, sharding, dtype)
+  return fn.lower(spec, state).compile().as_text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,9 +79,4 @@ def method_rows(p, n, method, dtype=jnp.float32):
 
 
 def method_hlo(p, n, method, dtype=jnp.float32):
-  spec = jax.ShapeDtypeStruct((p, n), dtype, sharding=NamedSharding(mesh(p), P(AXIS)))
-  state = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                     sharding=NamedSharding(mesh(p), P(AXIS))),
-      jax.eval_shape(lambda: method_rows(p, n, method, dtype)))
-  return compiled_method(p, method).lower(spec, state).compile().as_text()
+  return _hlo(compiled_method(p, method), method, p, n, dtype)
