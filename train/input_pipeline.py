@@ -166,10 +166,10 @@ def _digits(req: Request) -> Dataset:
 def corpus(name: str, train_stream: np.ndarray, test_stream: np.ndarray,
            vocab: text.Vocabulary, req: Request) -> Dataset:
   """A dataset of two token streams, cut into ``req.seq_len`` windows."""
-  splits = [token_split(text.windows(s, req.seq_len), corpus_objective(name, req),
-                        vocab_size=len(vocab), seed=req.seed + i)
-            for i, s in enumerate((train_stream, test_stream))]
-  return Dataset(name, "corpus", corpus_objective(name, req), *splits, {"vocab_size": len(vocab)})
+  objective = corpus_objective(name, req)
+  splits = [token_split(text.windows(s, req.seq_len), objective, vocab_size=len(vocab),
+                        seed=req.seed + i) for i, s in enumerate((train_stream, test_stream))]
+  return Dataset(name, "corpus", objective, *splits, {"vocab_size": len(vocab)})
 
 
 def corpus_objective(name: str, req: Request) -> str:
