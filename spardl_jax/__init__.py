@@ -1,23 +1,29 @@
-"""spardl_jax: SparDL sparse all-reduce (ICDE 2024) for JAX data-parallel training."""
+"""spardl_jax: SparDL sparse all-reduce (ICDE 2024) for JAX data-parallel training.
 
-from spardl_jax import distributed, methods, schedule, traffic
-from spardl_jax.allreduce import SparDLState, init_state, spardl_allreduce
-from spardl_jax.config import BlockLayout, SparDLConfig
-from spardl_jax.data_parallel import (
-    init_opt_state,
-    opt_state_shardings,
-    opt_state_specs,
-)
-from spardl_jax.methods import sharded_allreduce
-from spardl_jax.transform import (
-    SyncState,
-    SyncStats,
-    spardl,
-    sync_gradients,
-    sync_stats,
-)
+The package is layered; dependencies point one way:
 
-__all__ = [
+* :mod:`spardl_jax.core` — the SparDL algorithm (layout, SRS, SAG, Bruck, GRES, costs) and
+  the all-reduce protocol with its registry;
+* :mod:`spardl_jax.baselines` — the competitors (dense, TopkA, TopkDSA, gTopk, Ok-Topk);
+* :mod:`spardl_jax.sync` — the method registry by name, the optax transformation and the
+  sharding of optimizer state;
+* :mod:`spardl_jax.parallel` — multi-process setup, per-process batch rows, the launcher;
+* :mod:`spardl_jax.tools` — HLO traffic, the benchmarks.
+
+``python -m spardl_jax.bench | .launch | .netbench | .schedule`` are the command lines.
+"""
+
+from spardl_jax.core import schedule
+from spardl_jax.core.allreduce import SparDLState, init_state, spardl_allreduce
+from spardl_jax.core.config import BlockLayout, SparDLConfig
+from spardl_jax.parallel import distributed
+from spardl_jax.sync import methods
+from spardl_jax.sync.data_parallel import init_opt_state, opt_state_shardings, opt_state_specs
+from spardl_jax.sync.methods import sharded_allreduce
+from spardl_jax.sync.transform import SyncState, SyncStats, spardl, sync_gradients, sync_stats
+from spardl_jax.tools import traffic
+
+__all__ = (
     "BlockLayout",
     "SparDLConfig",
     "SparDLState",
@@ -36,4 +42,4 @@ __all__ = [
     "sync_gradients",
     "sync_stats",
     "traffic",
-]
+)

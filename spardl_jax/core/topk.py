@@ -1,7 +1,7 @@
 """Exact block-wise top-k selection, fast on CPU.
 
 Every SparDL selection keeps the ``kb`` entries of a block with the largest ``|value|``, ties
-going to the lower index (``docs/DESIGN.md``). ``lax.top_k`` does this but, on XLA:CPU, pays
+going to the lower index (``docs/design.md``). ``lax.top_k`` does this but, on XLA:CPU, pays
 about 0.7 us per *selected* entry to sort its output (measured: 126 ms for 8 blocks of 1.84M
 entries keeping 1 %, 21 ms keeping 100). SparDL needs neither sorted output nor ``top_k``:
 

@@ -16,56 +16,10 @@ The rules are structural, so they are predictable and need no tracing.
 from __future__ import annotations
 
 import jax
-import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spardl_jax.transform import SyncState
-
-
-def process_rows(rows: int, mesh: jax.sharding.Mesh, axis_name: str = "data") -> slice:
-  """The rows of a ``(rows, ...)`` global batch that this process's devices hold.
-
-  A multi-host input pipeline reads only these rows and passes them to :func:`shard_rows`
-  with ``local=True``. Devices of one process must be contiguous along ``axis_name`` (as in
-  ``jax.make_mesh`` over ``jax.devices()``, which lists them process by process).
-  """
-  size = mesh.shape[axis_name]
-  if rows % size:
-    raise ValueError(f"batch rows ({rows}) must be a multiple of the '{axis_name}' axis size "
-                     f"({size}).")
-  axis = mesh.axis_names.index(axis_name)
-  devices = np.moveaxis(mesh.devices, axis, 0).reshape(size, -1)
-  mine = [i for i in range(size) if devices[i, 0].process_index == jax.process_index()]
-  if not mine or mine != list(range(mine[0], mine[-1] + 1)):
-    raise ValueError(f"process {jax.process_index()}'s devices are not contiguous along "
-                     f"'{axis_name}' (positions {mine}); build the mesh from jax.devices().")
-  per = rows // size
-  return slice(mine[0] * per, (mine[-1] + 1) * per)
-
-
-def shard_rows(tree, mesh: jax.sharding.Mesh, axis_name: str = "data", *, local: bool = False):
-  """Puts host arrays on the mesh, split over ``axis_name`` along their first axis.
-
-  Args:
-    tree: arrays with a leading row axis.
-    mesh: the mesh.
-    axis_name: the axis the rows are split over.
-    local: the arrays hold only this process's rows (:func:`process_rows`), as a multi-host
-      pipeline reads them; otherwise every process passes the whole arrays and each supplies
-      the rows of its own devices.
-
-  The spec is full-rank (``P(axis, None, ...)``), the one jit gives its outputs, so feeding a
-  returned state back does not recompile.
-  """
-  def put(a):
-    a = np.asarray(a)
-    sharding = NamedSharding(mesh, PartitionSpec(axis_name, *[None] * (a.ndim - 1)))
-    if local:
-      return jax.make_array_from_process_local_data(sharding, a)
-    return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
-
-  return jax.tree.map(put, tree)
+from spardl_jax.sync.transform import SyncState
 
 
 def _contains_sync(tree) -> bool:

@@ -1,7 +1,7 @@
 """The alpha-beta model of one sparse all-reduce, and the choice of SparDL's team count.
 
 Modeled time = ``rounds * alpha + bytes * beta`` with the per-worker rounds and bytes of
-:func:`spardl_jax.traffic.spardl_formula` (the ones the tests measure from compiled HLO).
+:func:`spardl_formula` (the ones the tests measure from compiled HLO).
 For B-SAG the model assumes the largest message, ``h = kb`` (fully disjoint indices), so it
 never favours B-SAG on an optimistic guess; pass ``alpha`` and ``beta`` measured on your
 cluster to the config.
@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import math
 
-from spardl_jax import traffic
-from spardl_jax.config import ETHERNET_10G, INFINIBAND_100G, BlockLayout
+from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G, BlockLayout
 
 __all__ = ["ETHERNET_10G", "INFINIBAND_100G", "choose_teams", "modeled_seconds", "paper_table1",
-           "sag_kind", "spardl_cost"]
+           "sag_kind", "spardl_cost", "spardl_formula"]
 
 
 def sag_kind(teams: int, sag: str) -> str:
@@ -23,6 +22,42 @@ def sag_kind(teams: int, sag: str) -> str:
   if sag == "auto":
     return "recursive" if teams & (teams - 1) == 0 else "bruck"
   return sag
+
+
+def spardl_formula(p: int, kb: int, value_bytes: int = 4, *, teams: int = 1,
+                   sag: str = "recursive", h=None) -> dict:
+  """The ``docs/design.md`` cost of one SparDL all-reduce, per worker.
+
+  With ``Q = P / d`` and a pair = int32 offset + value:
+
+  * ``d = 1``: ``2 ceil(log2 P)`` rounds, ``4 kb (P - 1)`` elements.
+  * R-SAG: ``2 ceil(log2 Q) + log2 d`` rounds, ``4 kb (Q - 1) + 2 kb log2 d`` elements.
+  * B-SAG: ``2 ceil(log2 Q) + ceil(log2 d)`` rounds, ``4 kb (Q - 1) + 2 h (d - 1)``
+    elements, plus one int32 word (the distinct count that makes ``h`` global) in each of
+    the ``Q - 1`` blocks of the final Bruck all-gather.
+
+  Args:
+    p: workers; kb: pairs per block; value_bytes: the value dtype's size.
+    teams: ``d``; sag: ``'recursive'`` or ``'bruck'`` (used when ``d > 1``).
+    h: the B-SAG message size (an int or a traced scalar).
+
+  Returns:
+    ``rounds``, ``elements`` and ``bytes`` (``elements`` and ``bytes`` follow ``h``'s type).
+  """
+  q = p // teams
+  lq = (q - 1).bit_length()
+  pair = 4 + value_bytes
+  rounds, pairs, words = 2 * lq, 2 * kb * (q - 1), 0
+  if teams > 1 and sag == "recursive":
+    rounds += (teams - 1).bit_length()
+    pairs += kb * (teams - 1).bit_length()
+  elif teams > 1:
+    if h is None:
+      raise ValueError("spardl_formula: B-SAG needs the message size h.")
+    rounds += (teams - 1).bit_length()
+    pairs = pairs + h * (teams - 1)
+    words = q - 1
+  return {"rounds": rounds, "elements": 2 * pairs + words, "bytes": pair * pairs + 4 * words}
 
 
 def spardl_cost(p: int, n: int, density: float, teams: int, *, itemsize: int = 4,
@@ -33,7 +68,7 @@ def spardl_cost(p: int, n: int, density: float, teams: int, *, itemsize: int = 4
   """
   kb = BlockLayout.make(n, p // teams, density).kb
   kind = sag_kind(teams, sag)
-  cost = traffic.spardl_formula(p, kb, itemsize, teams=teams, sag=kind,
+  cost = spardl_formula(p, kb, itemsize, teams=teams, sag=kind,
                                 h=kb if h is None else h)
   return {"teams": teams, "sag": kind if teams > 1 else "-", "kb": kb, **cost}
 

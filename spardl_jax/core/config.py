@@ -1,6 +1,6 @@
 """Configuration of SparDL and the block layout every implementation agrees on.
 
-The layout follows ``docs/DESIGN.md`` of the project: a worker's flat vector of length ``n``
+The layout follows ``docs/design.md`` of the project: a worker's flat vector of length ``n``
 is zero-padded to ``Q * m`` with ``m = ceil(n / Q)`` and cut into ``Q`` blocks of ``m``;
 each block keeps ``kb = min(m, max(1, ceil(density * m)))`` entries when sparsified.
 """

@@ -180,39 +180,3 @@ def parse_hlo(text: str) -> Traffic:
   with_permutes = {c.computation for c in permutes}
   switches = tuple(c for c in conditionals if with_permutes.intersection(c))
   return Traffic(tuple(permutes), tuple(others), switches)
-
-
-def spardl_formula(p: int, kb: int, value_bytes: int = 4, *, teams: int = 1,
-                   sag: str = "recursive", h=None) -> dict:
-  """The DESIGN.md cost of one SparDL all-reduce, per worker.
-
-  With ``Q = P / d`` and a pair = int32 offset + value:
-
-  * ``d = 1``: ``2 ceil(log2 P)`` rounds, ``4 kb (P - 1)`` elements.
-  * R-SAG: ``2 ceil(log2 Q) + log2 d`` rounds, ``4 kb (Q - 1) + 2 kb log2 d`` elements.
-  * B-SAG: ``2 ceil(log2 Q) + ceil(log2 d)`` rounds, ``4 kb (Q - 1) + 2 h (d - 1)``
-    elements, plus one int32 word (the distinct count that makes ``h`` global) in each of
-    the ``Q - 1`` blocks of the final Bruck all-gather.
-
-  Args:
-    p: workers; kb: pairs per block; value_bytes: the value dtype's size.
-    teams: ``d``; sag: ``'recursive'`` or ``'bruck'`` (used when ``d > 1``).
-    h: the B-SAG message size (an int or a traced scalar).
-
-  Returns:
-    ``rounds``, ``elements`` and ``bytes`` (``elements`` and ``bytes`` follow ``h``'s type).
-  """
-  q = p // teams
-  lq = (q - 1).bit_length()
-  pair = 4 + value_bytes
-  rounds, pairs, words = 2 * lq, 2 * kb * (q - 1), 0
-  if teams > 1 and sag == "recursive":
-    rounds += (teams - 1).bit_length()
-    pairs += kb * (teams - 1).bit_length()
-  elif teams > 1:
-    if h is None:
-      raise ValueError("spardl_formula: B-SAG needs the message size h.")
-    rounds += (teams - 1).bit_length()
-    pairs = pairs + h * (teams - 1)
-    words = q - 1
-  return {"rounds": rounds, "elements": 2 * pairs + words, "bytes": pair * pairs + 4 * words}

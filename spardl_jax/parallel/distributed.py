@@ -36,8 +36,6 @@ def initialize(*, auto: bool = False) -> bool:
   Returns:
     True when this process is part of a multi-process job.
   """
-  if os.environ.get("SPARDL_GLOO_INTERFACE"):
-    _gloo_on(os.environ["SPARDL_GLOO_INTERFACE"])
   if os.environ.get("SPARDL_COORDINATOR"):
     local = int(os.environ.get("SPARDL_LOCAL_DEVICES", "1"))
     jax.config.update("jax_num_cpu_devices", local)  # CPU only; GPUs use their own devices
@@ -49,20 +47,6 @@ def initialize(*, auto: bool = False) -> bool:
     jax.distributed.initialize()
     return jax.process_count() > 1
   return False
-
-
-def _gloo_on(interface: str) -> None:
-  """Makes the CPU backend's gloo collectives bind to ``interface`` (before it starts)."""
-  from jax._src import distributed as jax_distributed
-  from jax._src import xla_bridge
-  from jax._src.lib import _jax
-
-  def cpu_backend():
-    collectives = _jax.make_gloo_tcp_collectives(
-        distributed_client=jax_distributed.global_state.client, interface=interface)
-    return xla_bridge.make_cpu_client(collectives=collectives)
-
-  xla_bridge.register_backend_factory("cpu", cpu_backend, priority=0, fail_quietly=False)
 
 
 def host_teams(devices=None) -> int:

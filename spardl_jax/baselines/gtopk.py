@@ -15,14 +15,16 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from spardl_jax import messages
-from spardl_jax.config import DensityConfig
-from spardl_jax.sparse import (INVALID, ResidualState, check_local, init_residual, local_topk,
-                               merge_with_partner, topk_count)
+from spardl_jax.baselines.common import (Baseline, ResidualState, check_local, init_residual, local_topk,
+                                         topk_count)
+from spardl_jax.core import messages, protocol
+from spardl_jax.core.config import DensityConfig
+from spardl_jax.core.sparse import INVALID, merge_with_partner
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,3 +92,16 @@ def gtopk_allreduce(x: jax.Array, state: ResidualState, config: GTopkConfig, *,
     values = jnp.where(receiving, theirs_val[0], values)
   y = jnp.zeros((n,), x.dtype).at[offsets].set(values / p, mode="drop")
   return y, ResidualState(residual)
+
+
+@protocol.register
+@dataclasses.dataclass(frozen=True)
+class GTopk(Baseline):
+  """tree merge of top-k + broadcast as a registered all-reduce (options: :class:`GTopkConfig`)."""
+
+  name: ClassVar[str] = "gtopk"
+  summary: ClassVar[str] = "tree merge of top-k + broadcast"
+  Config: ClassVar[type] = GTopkConfig
+  config: GTopkConfig
+  allreduce = staticmethod(gtopk_allreduce)
+  cost = staticmethod(formula)

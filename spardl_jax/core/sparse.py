@@ -1,5 +1,5 @@
 """Sparse vectors as static-shape (offset, value) slots, shared by SparDL's Spar-All-Gather
-and the baseline all-reduces.
+and the baseline all-reduces (:mod:`spardl_jax.baselines.common` builds on them).
 
 A sparse vector is a pair of equal-length arrays: int32 offsets and values. Empty slots
 carry the offset :data:`INVALID` (which sorts last and is dropped by ``mode='drop'``
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax import bruck, messages, schedule, topk
+from spardl_jax.core import messages, topk
 
 INVALID = np.iinfo(np.int32).max
 
@@ -88,71 +88,13 @@ def merge_with_partner(offsets: jax.Array, values: jax.Array, k: int, *, perm, a
   return kept_off, kept_val, union, (union.offsets != INVALID) & ~kept
 
 
-def local_topk(g: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """Exact top-``k`` of a whole ``(n,)`` vector by ``|value|`` (ties to the lower index).
-
-  Returns:
-    ``(offsets, values)``, each ``(k,)``, offsets ascending.
-  """
-  n = g.shape[0]
-  c = topk.chunk_size(n, k)
-  buf = jnp.pad(g, (0, -(-n // c) * c - n))[None]
-  offsets, values = topk.block_topk(buf, jnp.zeros((1,), jnp.int32), k, c)
-  return offsets[0], values[0]
-
-
-def densify(n: int, offsets: jax.Array, values: jax.Array, dtype) -> jax.Array:
-  """``(n,)`` dense sum of sparse rows ``(R, L)`` added in row order (slots may repeat
-  across rows, not within one)."""
-  out = jnp.zeros((n,), dtype)
-  for row in range(offsets.shape[0]):
-    out = out.at[offsets[row]].add(values[row], mode="drop")
-  return out
-
-
 def magnitude_order(values: jax.Array) -> jax.Array:
   """Indices ordering ``values`` by decreasing ``|value|`` (the selection keys of
   :func:`spardl_jax.topk.keys`), ties to the lower index."""
   return jnp.argsort(-topk.keys(values), stable=True)
 
 
-def allgather(block: jax.Array, axis_name) -> jax.Array:
-  """Every worker's ``(1, W)`` block as ``(P, W)`` in rank order: a Bruck all-gather over the
-  whole axis (``ceil(log2 P)`` rounds)."""
-  p = jax.lax.axis_size(axis_name)
-  rows = bruck.bruck_allgather(block, size=p, axis_name=axis_name,
-                               permutation=lambda shift: schedule.team_permutation(p, p, shift))
-  return in_worker_order(rows, jax.lax.axis_index(axis_name))
-
-
 def in_worker_order(rows: jax.Array, rank: jax.Array) -> jax.Array:
   """Rows gathered in the rotated frame (row ``j`` from worker ``rank + j``) -> worker order."""
   p = rows.shape[0]
   return rows[(jnp.arange(p, dtype=jnp.int32) - rank) % p]
-
-
-def topk_count(density: float, n: int) -> int:
-  """``k = min(n, max(1, ceil(density * n)))``: the entries a whole-vector top-k keeps."""
-  return min(n, max(1, int(np.ceil(density * n))))
-
-
-class ResidualState(NamedTuple):
-  """Per-device state of an all-reduce that keeps only a residual: ``residual`` ``(n,)``."""
-
-  residual: jax.Array
-
-
-def init_residual(n: int, p: int, config, dtype=jnp.float32) -> ResidualState:
-  """The initial state of a baseline that keeps only a residual: zeros, for any ``p``."""
-  del p, config
-  return ResidualState(jnp.zeros((n,), dtype))
-
-
-def check_local(who: str, x: jax.Array, residual: jax.Array) -> None:
-  """Clear trace-time errors for a wrong local gradient or residual."""
-  if not jnp.issubdtype(x.dtype, jnp.floating) or x.ndim != 1:
-    raise ValueError(f"{who}: x must be a flat float gradient of shape (n,), got "
-                     f"{x.dtype}{list(x.shape)}.")
-  if residual.shape != x.shape or residual.dtype != x.dtype:
-    raise ValueError(f"{who}: the residual is {residual.dtype}{list(residual.shape)} but x is "
-                     f"{x.dtype}{list(x.shape)}; initialize the state for this gradient.")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from spardl_jax.srs import Receipt
+from spardl_jax.core.srs import Receipt
 
 
 def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Sequence[Receipt],

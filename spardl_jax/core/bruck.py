@@ -14,7 +14,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from spardl_jax import schedule
+from spardl_jax.core import schedule
 
 
 def bruck_allgather(block: jax.Array, *, size: int, axis_name,

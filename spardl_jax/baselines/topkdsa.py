@@ -22,16 +22,18 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 import math
 
 import jax
 import jax.numpy as jnp
 
-from spardl_jax import messages, schedule
-from spardl_jax.config import DensityConfig, check_positive
-from spardl_jax.sparse import (INVALID, ResidualState, allgather, check_local, densify,
-                               init_residual, local_topk, magnitude_order, sparse_sum,
-                               topk_count)
+from spardl_jax.baselines.common import (Baseline, ResidualState, allgather, check_local, densify,
+                                         exchange, init_residual, local_topk, scatter_table,
+                                         topk_count)
+from spardl_jax.core import messages, protocol
+from spardl_jax.core.config import DensityConfig, check_positive
+from spardl_jax.core.sparse import INVALID, magnitude_order, sparse_sum
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,25 +82,9 @@ def split_by_region(offsets, values, region: int, p: int, c: int):
   rank = jnp.cumsum(jax.nn.one_hot(owner, p, dtype=jnp.int32), axis=0)[jnp.arange(k), owner] - 1
   placed = rank < c
   slot = jnp.where(placed, owner * c + rank, p * c)
-  table_off = jnp.full((p * c,), INVALID, jnp.int32).at[slot].set(off, mode="drop")
-  table_val = jnp.zeros((p * c,), values.dtype).at[slot].set(val, mode="drop")
-  sent = jnp.zeros((k,), jnp.bool_).at[order].set(placed)
-  return table_off.reshape(p, c), table_val.reshape(p, c), sent
+  table_off, table_val = scatter_table(slot, off, val, p=p, c=c)
+  return table_off, table_val, jnp.zeros((k,), jnp.bool_).at[order].set(placed)
 
-
-def exchange(table_off, table_val, *, p: int, rank, axis_name):
-  """Direct split: row ``j`` goes to worker ``j`` (``P - 1`` rounds); returns the ``(P, c)``
-  rows this worker received, in sender order (its own row included)."""
-  c = table_off.shape[1]
-  received = [messages.pack(table_off[rank][None], table_val[rank][None])]
-  for shift in range(1, p):
-    dest = (rank + shift) % p
-    received.append(jax.lax.ppermute(
-        messages.pack(table_off[dest][None], table_val[dest][None]), axis_name,
-        perm=schedule.team_permutation(p, p, shift)))
-  # received[s] came from rank - s: reverse the rotation to get sender order.
-  rows = jnp.concatenate(received)[(rank - jnp.arange(p, dtype=jnp.int32)) % p]
-  return messages.unpack(rows, c, table_val.dtype)
 
 
 def topkdsa_allreduce(x: jax.Array, state: ResidualState, config: TopkDSAConfig, *,
@@ -129,3 +115,16 @@ def topkdsa_allreduce(x: jax.Array, state: ResidualState, config: TopkDSAConfig,
     all_off, all_val = messages.unpack(rows, p * c, x.dtype)
     y = densify(n, all_off, all_val, x.dtype)
   return y / p, ResidualState(residual)
+
+
+@protocol.register
+@dataclasses.dataclass(frozen=True)
+class TopkDSA(Baseline):
+  """SparCML split-reduce-gather, dense switch as a registered all-reduce (options: :class:`TopkDSAConfig`)."""
+
+  name: ClassVar[str] = "topkdsa"
+  summary: ClassVar[str] = "SparCML split-reduce-gather, dense switch"
+  Config: ClassVar[type] = TopkDSAConfig
+  config: TopkDSAConfig
+  allreduce = staticmethod(topkdsa_allreduce)
+  cost = staticmethod(formula)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spardl_jax import messages, schedule, topk
+from spardl_jax.core import messages, schedule, topk
 
 
 class Receipt(NamedTuple):

@@ -13,13 +13,14 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 
-from spardl_jax import messages
-from spardl_jax.config import DensityConfig
-from spardl_jax.sparse import (ResidualState, allgather, check_local, densify, init_residual,
-                               local_topk, topk_count)
+from spardl_jax.baselines.common import (Baseline, ResidualState, allgather, check_local, densify,
+                                         init_residual, local_topk, topk_count)
+from spardl_jax.core import messages, protocol
+from spardl_jax.core.config import DensityConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,3 +58,16 @@ def topka_allreduce(x: jax.Array, state: ResidualState, config: TopkAConfig, *,
   all_off, all_val = messages.unpack(rows, k, x.dtype)
   y = densify(n, all_off, all_val, x.dtype) / p
   return y, ResidualState(g.at[offsets].set(0))
+
+
+@protocol.register
+@dataclasses.dataclass(frozen=True)
+class TopkA(Baseline):
+  """all-gather of local top-k as a registered all-reduce (options: :class:`TopkAConfig`)."""
+
+  name: ClassVar[str] = "topka"
+  summary: ClassVar[str] = "all-gather of local top-k"
+  Config: ClassVar[type] = TopkAConfig
+  config: TopkAConfig
+  allreduce = staticmethod(topka_allreduce)
+  cost = staticmethod(formula)

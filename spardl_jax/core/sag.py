@@ -24,9 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax import bruck, messages, schedule
-from spardl_jax.sparse import (INVALID, in_worker_order, magnitude_order,
+from spardl_jax.core import bruck, h_controller, messages, schedule
+from spardl_jax.core.sparse import (INVALID, in_worker_order, magnitude_order,
                                merge_with_partner, sparse_sum, top_of_union)
+
 
 class Share(NamedTuple):
   """Discarded R-SAG mass this worker keeps: ``values`` at block ``offsets`` (``(L,)``)."""
@@ -98,3 +99,66 @@ def bruck_sag(offsets: jax.Array, values: jax.Array, level: jax.Array, *,
     return gather
 
   return jax.lax.switch(level, [branch(h) for h in ladder], offsets, values)
+
+
+class SagResult(NamedTuple):
+  """What Spar-All-Gather leaves on a worker (the stage between SRS and the final gather).
+
+  Attributes:
+    offsets, values: ``(kb,)`` the agreed sparse sum of this worker's block (ascending
+      offsets, empty slots :data:`INVALID`); without SAG, the worker's own selection.
+    sent: ``(kb,)`` offsets of its own selection that left the worker (the rest is
+      in-procedure residual): all of them except for B-SAG, which sends the top-``h``.
+    shares: the R-SAG discards this worker keeps (:class:`Share` per step).
+    count: () int32 distinct indices B-SAG gathered (None otherwise), for the controller.
+    controller: the :class:`~spardl_jax.core.h_controller.HState` after choosing this
+      sync's ``h`` (``last_h`` is ``kb`` without B-SAG).
+  """
+
+  offsets: jax.Array
+  values: jax.Array
+  sent: jax.Array
+  shares: list[Share]
+  count: jax.Array | None
+  controller: h_controller.HState
+
+
+def spar_all_gather(offsets: jax.Array, values: jax.Array, controller: h_controller.HState, *,
+                    kind: str, kb: int, p: int, q: int, team: jax.Array,
+                    axis_name) -> SagResult:
+  """Runs the Spar-All-Gather ``kind`` (``'none'``, ``'recursive'`` or ``'bruck'``) on this
+  worker's ``(kb,)`` own-block selection (ascending offsets).
+
+  For B-SAG the controller picks ``h`` from the static ladder
+  (:func:`~spardl_jax.core.schedule.h_ladder`): the smallest ladder size at least
+  ``ceil(h)``, one ``lax.switch`` branch per size, so ``h`` moves without recompiling.
+  """
+  controller = controller._replace(last_h=jnp.int32(kb))
+  if kind == "none":
+    return SagResult(offsets, values, offsets, [], None, controller)
+  if kind == "recursive":
+    offsets_out, values_out, shares = recursive_sag(offsets, values, kb=kb, p=p, q=q, team=team,
+                                                    axis_name=axis_name)
+    return SagResult(offsets_out, values_out, offsets, shares, None, controller)
+  d = p // q
+  ladder = schedule.h_ladder(kb, d)
+  controller = h_controller.start(controller, kb=kb, d=d)
+  sizes = jnp.asarray(ladder, jnp.int32)
+  level = jnp.minimum(jnp.searchsorted(sizes, jnp.ceil(controller.h).astype(jnp.int32)),
+                      len(ladder) - 1)
+  h = sizes[level]
+  ordered_off, ordered_val = by_magnitude(offsets, values)
+  sent = jnp.where(jnp.arange(kb) < h, ordered_off, INVALID)
+  offsets_out, values_out, count = bruck_sag(ordered_off, ordered_val, level, ladder=ladder,
+                                             kb=kb, p=p, q=q, team=team, axis_name=axis_name)
+  return SagResult(offsets_out, values_out, sent, [], count, controller._replace(last_h=h))
+
+
+def next_controller(result: SagResult, counts: jax.Array, *, kb: int, d: int
+                    ) -> h_controller.HState:
+  """The controller state for the next sync: Algorithm 2 driven by the mean of the ``(Q,)``
+  B-SAG ``counts`` every worker learned from the final gather (unchanged without B-SAG)."""
+  if result.count is None:
+    return result.controller
+  mean_count = jnp.sum(counts).astype(jnp.float32) / counts.shape[0]
+  return h_controller.update(result.controller, mean_count, kb=kb, d=d)

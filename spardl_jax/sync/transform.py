@@ -4,7 +4,7 @@
 local gradient pytree into the synchronized mean gradient, inside a data-parallel
 ``jax.shard_map`` train step. The per-device residual lives in the optimizer state with a
 leading device axis: ``(P, n)`` globally, sharded ``PartitionSpec(axis_name)``, ``(1, n)`` on
-each device (see :mod:`spardl_jax.data_parallel` for the shardings and a sharded init).
+each device (see :mod:`spardl_jax.sync.data_parallel` for the shardings and a sharded init).
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from spardl_jax import methods
-from spardl_jax.allreduce import _bound_axis_names
-from spardl_jax.config import ETHERNET_10G, Residuals, Sag
+from spardl_jax.core.config import ETHERNET_10G, Residuals, Sag
+from spardl_jax.sync import methods
 
 
 class SyncStats(NamedTuple):
@@ -66,8 +65,10 @@ def _float_leaves(tree) -> tuple[list, Any]:
 def _devices(axis_name, axis_size: int | None) -> tuple[int, int]:
   """``(lead, p)``: the leading device axis of the state ``init`` creates here, and the
   number of devices on the axis."""
-  if axis_name in _bound_axis_names():
+  try:
     return 1, jax.lax.axis_size(axis_name)  # Inside shard_map: this device's own slice.
+  except NameError:  # the axis is not bound here: outside shard_map
+    pass
   if axis_size is not None:
     return axis_size, axis_size
   mesh = jax.sharding.get_abstract_mesh()
@@ -120,7 +121,7 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
                       bytes_sent=jnp.zeros((lead,), jnp.float32),
                       residual_norm=jnp.zeros((lead,), jnp.float32),
                       h=jnp.zeros((lead,), jnp.int32))
-    return SyncState(jax.tree.map(per_device, allreduce.init(n, dtype, p)), stats)
+    return SyncState(jax.tree.map(per_device, allreduce.init(n=n, dtype=dtype, p=p)), stats)
 
   def update_fn(updates, state, params=None):
     del params
@@ -143,11 +144,11 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     if residual is not None and residual.shape != (n,):
       raise ValueError(f"sync_gradients: the gradients have {n} float entries but the state "
                        f"was initialized for {residual.shape[0]}; init with the same params.")
-    y, local = allreduce.apply(flat, local, axis_name)
+    y, local = allreduce.apply(flat, local, axis_name=axis_name)
     p = jax.lax.axis_size(axis_name)
     residual = getattr(local, "residual", None)
-    bytes_sent, h = allreduce.stats(n, p, np.dtype(dtype).itemsize, local,
-                                    jax.lax.axis_index(axis_name))
+    bytes_sent, h = allreduce.stats(n=n, p=p, itemsize=np.dtype(dtype).itemsize, state=local,
+                                    rank=jax.lax.axis_index(axis_name))
     stats = SyncStats(
         selected=jnp.count_nonzero(y).astype(jnp.int32)[None],
         bytes_sent=jnp.full((1,), bytes_sent, jnp.float32),

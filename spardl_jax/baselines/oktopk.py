@@ -29,17 +29,18 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from spardl_jax import messages, topk
-from spardl_jax.config import DensityConfig, check_positive
-from spardl_jax.sparse import (INVALID, Union, allgather, check_local, densify, sparse_sum,
-                               top_of_union, topk_count)
-from spardl_jax.topkdsa import exchange
+from spardl_jax.baselines.common import (Baseline, allgather, check_local, densify, exchange,
+                                         scatter_table, topk_count)
+from spardl_jax.core import messages, protocol, topk
+from spardl_jax.core.config import DensityConfig, check_positive
+from spardl_jax.core.sparse import INVALID, Union, sparse_sum, top_of_union
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -113,9 +114,8 @@ def _split_table(g, selected, boundaries, p: int, c: int):
   slot = before[:-1] - before[boundaries[:-1]][owner]
   placed = selected & (slot < c)
   at = jnp.where(placed, owner * c + slot, p * c)
-  table_off = jnp.full((p * c,), INVALID, jnp.int32).at[at].set(index, mode="drop")
-  table_val = jnp.zeros((p * c,), g.dtype).at[at].set(g, mode="drop")
-  return table_off.reshape(p, c), table_val.reshape(p, c), placed
+  table_off, table_val = scatter_table(at, index, g, p=p, c=c)
+  return table_off, table_val, placed
 
 
 def _rebalanced(result_offsets, n: int, p: int, old):
@@ -171,3 +171,17 @@ def oktopk_allreduce(x: jax.Array, state: OkTopkState, config: OkTopkConfig, *,
                          state.boundaries)
   return y, OkTopkState(residual, local_threshold, global_threshold, boundaries,
                         state.step + 1)
+
+
+@protocol.register
+@dataclasses.dataclass(frozen=True)
+class OkTopk(Baseline):
+  """Ok-Topk: thresholds, balanced regions as a registered all-reduce (options: :class:`OkTopkConfig`)."""
+
+  name: ClassVar[str] = "oktopk"
+  summary: ClassVar[str] = "Ok-Topk: thresholds, balanced regions"
+  Config: ClassVar[type] = OkTopkConfig
+  config: OkTopkConfig
+  allreduce = staticmethod(oktopk_allreduce)
+  cost = staticmethod(formula)
+  initial = staticmethod(init_state)

@@ -1,0 +1,345 @@
+"""The SparDL sparse all-reduce: SRS + Spar-All-Gather + Bruck all-gather + global residual
+collection.
+
+``spardl_allreduce`` runs inside ``jax.shard_map`` over a named mesh axis: each device passes
+its local flat gradient and its own residual state, and gets back the mean of the sparsified
+sum over the axis (bit-identical on every device) and its new residual.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spardl_jax.core import (bruck, cost, gres, h_controller, messages, protocol, sag, schedule,
+                             sparse, srs, topk)
+from spardl_jax.core.config import BlockLayout, SparDLConfig
+
+
+class SparDLState(NamedTuple):
+  """Per-device state of the SparDL all-reduce; build it with :func:`init_state`.
+
+  Both fields are required, so the state that goes into :func:`spardl_allreduce` and the one
+  that comes out have the same pytree structure (a ``lax.scan`` carry, no retrace).
+
+  Attributes:
+    residual: ``(n,)`` this device's residual (discarded gradient mass carried to the next
+      step), the dtype of the gradient.
+    controller: the B-SAG ``h`` controller (:class:`~spardl_jax.core.h_controller.HState`,
+      the same on every device); ``last_h`` is ``kb`` when B-SAG is not used.
+  """
+
+  residual: jax.Array
+  controller: h_controller.HState
+
+
+# Selection keys are the float32 bits of |value| (core/topk.py): exact for these dtypes only.
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def init_state(n: int, config: SparDLConfig, dtype=jnp.float32) -> SparDLState:
+  """The initial per-device state for a flat gradient of length ``n``: a zero residual and
+  the controller before its first sync.
+
+  Args:
+    n: length of the flat gradient (a positive int).
+    config: the all-reduce options (kept for the state fields that depend on them).
+    dtype: float32, bfloat16 or float16, the dtype of the gradients that will be reduced.
+  """
+  del config  # Sizes that depend on it are only known at trace time (they need P).
+  if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+    raise ValueError(f"init_state: n must be a positive int (the gradient length), got {n!r}.")
+  check_dtype("dtype", dtype)
+  return SparDLState(residual=jnp.zeros((int(n),), dtype), controller=h_controller.empty())
+
+
+def check_dtype(name: str, dtype, *, who: str = "spardl") -> None:
+  """Raises a clear error unless ``dtype`` is one the selection is exact in."""
+  if np.dtype(dtype).name not in SUPPORTED_DTYPES:
+    extra = (" float64 is rejected because selection keys are float32 bits, which would "
+             "make its top-k inexact; cast the gradients to float32"
+             if np.dtype(dtype) == np.float64 else "")
+    raise TypeError(f"{who}: {name} must have one of the dtypes {SUPPORTED_DTYPES}, got "
+                    f"{np.dtype(dtype).name}.{extra}")
+
+
+def _axis_size(axis_name) -> int:
+  """The size of ``axis_name``, with a clear error when it is not bound."""
+  try:
+    return jax.lax.axis_size(axis_name)
+  except NameError:
+    # shard_map makes its mesh's axes manual in the abstract mesh it sets while tracing.
+    bound = getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ())
+    if not bound:
+      raise ValueError(
+          f"spardl_allreduce must be called inside jax.shard_map over axis_name="
+          f"{axis_name!r}; no mesh axis is bound here (called outside shard_map?).") from None
+    raise ValueError(
+        f"spardl_allreduce: axis_name={axis_name!r} is not a bound mesh axis; the bound axes "
+        f"here are {sorted(map(str, bound))}.") from None
+
+
+def _validate(x: jax.Array, state: SparDLState, config: SparDLConfig) -> None:
+  if not isinstance(config, SparDLConfig):
+    raise TypeError(f"spardl_allreduce: config must be a SparDLConfig, got {type(config).__name__}.")
+  check_dtype("x", x.dtype)
+  if x.ndim != 1:
+    raise ValueError(
+        f"spardl_allreduce: x must be the flat local gradient of shape (n,), got shape "
+        f"{x.shape}; flatten it first (e.g. jax.flatten_util.ravel_pytree).")
+  if not isinstance(state, SparDLState) or not isinstance(state.controller, h_controller.HState):
+    got = (f"a SparDLState whose controller is {type(state.controller).__name__}"
+           if isinstance(state, SparDLState) else type(state).__name__)
+    raise TypeError(f"spardl_allreduce: state must be a SparDLState from init_state (residual "
+                    f"and controller), got {got}.")
+  if state.residual.shape != x.shape:
+    raise ValueError(
+        f"spardl_allreduce: state.residual has shape {state.residual.shape} but x has shape "
+        f"{x.shape}; create the state with init_state(n={x.shape[0]}, ...).")
+  if state.residual.dtype != x.dtype:
+    raise TypeError(f"spardl_allreduce: state.residual dtype {state.residual.dtype} differs from "
+                    f"x dtype {x.dtype}; pass dtype=x.dtype to init_state.")
+
+
+def resolve_teams(config: SparDLConfig, p: int, n: int, itemsize: int) -> tuple[int, str]:
+  """``(d, kind)``: the team count for ``p`` workers and ``'none'``, ``'recursive'`` or
+  ``'bruck'``; raises a clear error when ``teams`` does not fit ``p``."""
+  d = config.teams
+  if d == "auto":
+    d = cost.choose_teams(p, n, config.density, alpha=config.alpha, beta=config.beta,
+                          itemsize=itemsize, sag=config.sag)
+  if p % d:
+    divisors = [t for t in range(1, p + 1) if p % t == 0]
+    raise ValueError(f"SparDLConfig: teams={d} does not divide the {p} workers on "
+                     f"the axis; allowed values: {divisors}.")
+  return d, ("none" if d == 1 else cost.sag_kind(d, config.sag))
+
+
+def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
+                     axis_name) -> tuple[jax.Array, SparDLState]:
+  """SparDL sparse all-reduce (mean) of the local flat gradient ``x`` over ``axis_name``.
+
+  Call inside ``jax.shard_map``. With ``g = x + state.residual``, the ``P`` workers run
+  Spar-Reduce-Scatter (block-wise top-kb before every send), select top-kb of their summed
+  block, agree across teams (Spar-All-Gather, when ``teams > 1``), Bruck-all-gather the
+  (offset, value) pairs inside the team and scatter them into the dense result.
+  Communication (``d = 1``): ``2 ceil(log2 P)`` rounds, ``4 kb (P - 1)`` elements per worker,
+  one packed message per round (``docs/design.md`` has every case). The new residual
+  follows global residual collection, so ``sum(residuals) + P * y == sum(x + old
+  residuals)`` up to float rounding (with the default ``config.residuals='global'``;
+  ``'local'`` and ``'none'`` drop mass on purpose).
+
+  Results are ``varying`` over the axis in JAX's type system although they are identical on
+  every device: return them with ``out_specs=P(axis)`` or use ``check_vma=False``.
+
+  Args:
+    x: ``(n,)`` float32, bfloat16 or float16 array, this device's gradient (float64 is
+      rejected: selection keys are float32 bits, see ``docs/design.md``).
+    state: this device's :class:`SparDLState` from :func:`init_state` (``residual`` of
+      shape ``(n,)`` and ``x``'s dtype, and the controller).
+    config: a :class:`SparDLConfig`.
+    axis_name: the ``shard_map`` mesh axis to reduce over.
+
+  Returns:
+    ``(y, new_state)``: ``y`` ``(n,)`` the mean over the axis of the sparsified ``g``,
+    bit-identical on every device; ``new_state`` with the new residual, of the same pytree
+    structure, shapes and dtypes as ``state`` (so it can be a ``lax.scan`` carry).
+
+  Example (8 devices)::
+
+    mesh = jax.make_mesh((8,), ("data",))
+    config = SparDLConfig(density=0.01)
+    def step(x, state):
+      y, state = spardl_allreduce(x[0], jax.tree.map(lambda a: a[0], state), config,
+                                  axis_name="data")
+      return y[None], jax.tree.map(lambda a: a[None], state)
+    # x: (8, n) sharded P("data"); state: init_state(n, config) broadcast to (8, ...)
+
+  References:
+    Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient Sparse
+    Communication", ICDE 2024, Sections III-B/C and Algorithm 1.
+  """
+  p = _axis_size(axis_name)
+  _validate(x, state, config)
+  frame = block_frame(x.shape[0], config, p=p, itemsize=np.dtype(x.dtype).itemsize,
+                      axis_name=axis_name)
+  buf = to_blocks(x + state.residual, frame)
+  reduced = srs.spar_reduce_scatter(buf, kb=frame.kb, chunk=frame.chunk, rank=frame.rank, p=p,
+                                    axis_name=axis_name)
+  own_off, own_val = own_block_selection(reduced.buf, frame)
+  agreed = sag.spar_all_gather(own_off, own_val, state.controller, kind=frame.kind,
+                               kb=frame.kb, p=p, q=frame.q, team=frame.team,
+                               axis_name=axis_name)
+  rows_off, rows_val, counts = gather_team(agreed, frame, axis_name=axis_name)
+  controller = sag.next_controller(agreed, counts, kb=frame.kb, d=frame.d)
+  y, in_result = scatter_result(rows_off, rows_val, frame, p=p)
+  if config.residuals == "none":
+    return from_blocks(y, frame), SparDLState(jnp.zeros_like(x), controller)
+  residual = collect_residual(reduced, agreed, None if config.residuals == "local" else
+                              in_result, frame)
+  return from_blocks(y, frame), SparDLState(from_blocks(residual, frame), controller)
+
+
+class BlockFrame(NamedTuple):
+  """The layout stage: how this worker's flat ``(n,)`` gradient becomes team blocks.
+
+  Attributes:
+    layout: the :class:`~spardl_jax.core.config.BlockLayout` (``q`` blocks of ``m``, ``kb``).
+    d: the team count; kind: ``'none'``, ``'recursive'`` or ``'bruck'`` (the SAG).
+    chunk: the two-stage selection's chunk length ``c``
+      (:func:`~spardl_jax.core.topk.chunk_size`).
+    mc: a block's length in the buffer, ``m`` rounded up to a multiple of ``c``.
+    rank: () int32 position in the team; team: () int32 team index.
+  """
+
+  layout: BlockLayout
+  d: int
+  kind: str
+  chunk: int
+  mc: int
+  rank: jax.Array
+  team: jax.Array
+
+  @property
+  def q(self) -> int:
+    return self.layout.q
+
+  @property
+  def kb(self) -> int:
+    return self.layout.kb
+
+  @property
+  def size(self) -> int:
+    """Length of the flat block buffer, ``q * mc``; also the position of an empty slot."""
+    return self.layout.q * self.mc
+
+  def positions(self, rows: jax.Array, offsets: jax.Array) -> jax.Array:
+    """Flat buffer positions of ``offsets`` ``(L, kb)`` in block ``rows`` ``(L,)``;
+    :attr:`size` for empty slots."""
+    return jnp.where(offsets.reshape(-1) == sparse.INVALID, self.size,
+                     srs.flat_positions(rows, offsets, self.mc))
+
+
+def block_frame(n: int, config: SparDLConfig, *, p: int, itemsize: int,
+                axis_name) -> BlockFrame:
+  """Layout: ``d`` teams of ``Q = P / d`` contiguous ranks, ``Q`` blocks of ``m = ceil(n /
+  Q)`` each keeping ``kb`` (``docs/design.md``, "Block layout")."""
+  d, kind = resolve_teams(config, p, n, itemsize)
+  layout = BlockLayout.make(n, p // d, config.density)
+  chunk = topk.chunk_size(layout.m, layout.kb)
+  index = jax.lax.axis_index(axis_name).astype(jnp.int32)
+  return BlockFrame(layout=layout, d=d, kind=kind, chunk=chunk,
+                    mc=-(-layout.m // chunk) * chunk, rank=index % layout.q,
+                    team=index // layout.q)
+
+
+def to_blocks(g: jax.Array, frame: BlockFrame) -> jax.Array:
+  """``(n,)`` -> the ``(q, mc)`` zero-padded block buffer (row ``b`` is block ``b``)."""
+  layout = frame.layout
+  buf = jnp.pad(g, (0, layout.padded - layout.n)).reshape(layout.q, layout.m)
+  return jnp.pad(buf, ((0, 0), (0, frame.mc - layout.m)))
+
+
+def from_blocks(flat: jax.Array, frame: BlockFrame) -> jax.Array:
+  """``(q * mc,)`` flat block buffer -> ``(n,)``; free when no padding was added."""
+  layout = frame.layout
+  return flat.reshape(layout.q, frame.mc)[:, :layout.m].reshape(-1)[:layout.n]
+
+
+def own_block_selection(buf: jax.Array, frame: BlockFrame) -> tuple[jax.Array, jax.Array]:
+  """Top-``kb`` of the worker's own reduced block (block ``rank``): ``(kb,)`` ascending
+  offsets and their values."""
+  offsets, values = topk.block_topk(buf, frame.rank[None], frame.kb, frame.chunk)
+  return offsets[0], values[0]
+
+
+def gather_team(agreed: sag.SagResult, frame: BlockFrame, *, axis_name
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The final Bruck all-gather inside the team: every worker's ``(kb,)`` agreed pairs.
+
+  B-SAG's distinct count rides in the same message as one extra word, so every worker
+  learns all ``Q`` counts without another round.
+
+  Returns:
+    ``(offsets, values, counts)``: ``(q, kb)`` rows in the rotated frame (row ``j`` is the
+    block of team rank ``(rank + j) mod q``) and the ``(q,)`` counts (zeros without B-SAG).
+  """
+  q, p = frame.q, frame.q * frame.d
+  count = None if agreed.count is None else agreed.count[None, None]
+  message = messages.pack(agreed.offsets[None], agreed.values[None], count)
+  gathered = bruck.bruck_allgather(
+      message, size=q, axis_name=axis_name,
+      permutation=lambda shift: schedule.team_permutation(p, q, shift))
+  unpacked = messages.unpack(gathered, frame.kb, agreed.values.dtype,
+                             extra=0 if count is None else 1)
+  counts = (jnp.zeros((q,), jnp.int32) if count is None else unpacked[2].reshape(q))
+  return unpacked[0], unpacked[1], counts
+
+
+def scatter_result(offsets: jax.Array, values: jax.Array, frame: BlockFrame, *, p: int
+                   ) -> tuple[jax.Array, jax.Array]:
+  """The gathered ``(q, kb)`` pairs, divided by ``P``, into the dense flat block buffer.
+
+  Returns:
+    ``(y, in_result)``: ``(q * mc,)`` result and the bool mask of its selected positions.
+  """
+  rows = (frame.rank + jnp.arange(frame.q, dtype=jnp.int32)) % frame.q
+  at = frame.positions(rows, offsets)
+  unique = frame.kind == "none"  # Only SAG leaves empty slots (which all map to `size`).
+  y = jnp.zeros((frame.size,), values.dtype).at[at].set(
+      (values / p).reshape(-1), mode="drop", unique_indices=unique)
+  in_result = jnp.zeros((frame.size,), jnp.bool_).at[at].set(True, mode="drop",
+                                                              unique_indices=unique)
+  return y, in_result
+
+
+def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult, in_result: jax.Array | None,
+                     frame: BlockFrame) -> jax.Array:
+  """Residual collection in the flat block buffer: GRES with ``in_result``, LRES without.
+
+  Under GRES, R-SAG's discarded shares count only where the index made the result (elsewhere
+  the gradient is restored there anyway).
+  """
+  own = frame.rank[None]
+  selected = jnp.concatenate([reduced.selected, frame.positions(own, agreed.sent[None])])
+  residual = gres.collect_residuals(reduced.buf.reshape(-1), in_result, reduced.receipts,
+                                    selected)
+  if in_result is None:
+    return residual
+  for share in agreed.shares:
+    at = frame.positions(own, share.offsets[None])
+    at = jnp.where(in_result.at[at].get(mode="fill", fill_value=False), at, frame.size)
+    residual = residual.at[at].add(share.values, mode="drop")
+  return residual
+
+
+@protocol.register
+@dataclasses.dataclass(frozen=True)
+class SparDL:
+  """SparDL (:func:`spardl_allreduce`) as a registered :class:`~spardl_jax.core.protocol.AllReduce`."""
+
+  name: ClassVar[str] = "spardl"
+  summary: ClassVar[str] = "SparDL (SRS + SAG + Bruck + GRES)"
+  Config: ClassVar[type] = SparDLConfig
+  config: SparDLConfig
+
+  def init(self, *, n: int, dtype, p: int) -> SparDLState:
+    del p
+    return init_state(n, self.config, dtype)
+
+  def apply(self, x, state, *, axis_name):
+    return spardl_allreduce(x, state, self.config, axis_name=axis_name)
+
+  def formula(self, *, p: int, n: int, itemsize: int, h=None) -> dict:
+    teams, _ = resolve_teams(self.config, p, n, itemsize)
+    return cost.spardl_cost(p, n, self.config.density, teams, itemsize=itemsize,
+                            sag=self.config.sag, h=h)
+
+  def stats(self, *, n: int, p: int, itemsize: int, state: SparDLState, rank):
+    del rank  # every worker sends the same bytes
+    h = state.controller.last_h
+    return self.formula(p=p, n=n, itemsize=itemsize, h=h)["bytes"], h

@@ -1,0 +1,84 @@
+"""What a gradient all-reduce is, and the one registry every method registers itself in.
+
+SparDL and each competitor implement :class:`AllReduce` with keyword-only arguments and
+register their class once with :func:`register`. The optax transformation, the trainer's
+``--method``/``--compare``, the benchmarks and the docs read the registry, so a new method
+plugs in at one place. This module depends on nothing else in the package, so the SparDL
+core and the baselines can both register here without knowing of each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+
+import jax
+
+@runtime_checkable
+class AllReduce(Protocol):
+  """A gradient all-reduce over one mesh axis, usable inside ``jax.shard_map``.
+
+  Implementations are frozen dataclasses holding their validated ``config``.
+
+  Attributes:
+    name: the registry name (``'spardl'``, ``'dense'``, ...).
+    summary: one line for tables and ``--help``.
+    Config: the options class (a frozen dataclass) or None when there are no options.
+    config: an instance of ``Config`` (or None).
+  """
+
+  name: ClassVar[str]
+  summary: ClassVar[str]
+  Config: ClassVar[type | None]
+  config: Any
+
+  def init(self, *, n: int, dtype: Any, p: int) -> Any:
+    """The per-device state for a flat ``(n,)`` gradient of ``dtype`` on ``p`` devices: a
+    pytree of arrays (``()`` when the method keeps none). Its structure never changes."""
+
+  def apply(self, x: jax.Array, state: Any, *, axis_name: Any) -> tuple[jax.Array, Any]:
+    """``(mean, new_state)`` inside ``shard_map``: ``x`` is this device's ``(n,)`` gradient;
+    ``mean`` ``(n,)`` is bit-identical on every device; ``new_state`` has ``state``'s
+    structure."""
+
+  def stats(self, *, n: int, p: int, itemsize: int, state: Any, rank: Any
+            ) -> tuple[Any, Any]:
+    """``(bytes_sent, h)`` after an all-reduce that left ``state``: the bytes device
+    ``rank`` sent (what the HLO traffic tests check; a capacity bound for threshold
+    methods) and SparDL's cross-team pairs per block (0 for other methods)."""
+
+  def formula(self, *, p: int, n: int, itemsize: int) -> dict:
+    """Per-worker cost: ``{'rounds', 'bytes', ...}``, ``bytes`` the most any worker sends."""
+
+Method = TypeVar("Method", bound=type)
+_REGISTRY: dict[str, type] = {}
+
+def register(cls: Method) -> Method:
+  """Class decorator: adds an :class:`AllReduce` implementation under ``cls.name``."""
+  for attribute in ("name", "summary", "Config", "init", "apply", "stats", "formula"):
+    if not hasattr(cls, attribute):
+      raise TypeError(f"register: {cls.__name__} lacks {attribute!r} of the AllReduce protocol.")
+  if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+    raise ValueError(f"register: the method name {cls.name!r} is taken by "
+                     f"{_REGISTRY[cls.name].__qualname__}.")
+  _REGISTRY[cls.name] = cls
+  return cls
+
+def registered() -> dict[str, type]:
+  """The registered method classes by name, in registration order."""
+  return dict(_REGISTRY)
+
+def build(name: str, **options) -> AllReduce:
+  """The method ``name`` with its options validated by its ``Config``.
+
+  Raises:
+    ValueError: for an unknown name, or options given to a method that takes none.
+    TypeError: for an option the method's ``Config`` does not have.
+  """
+  if name not in _REGISTRY:
+    raise ValueError(f"method must be one of {tuple(_REGISTRY)}, got {name!r}.")
+  cls = _REGISTRY[name]
+  if cls.Config is None:
+    if options:
+      raise ValueError(f"method {name!r} takes no options, got {sorted(options)}.")
+    return cls()
+  return cls(cls.Config(**options))

@@ -1,0 +1,2 @@
+"""Many processes: ``jax.distributed`` setup and host teams (:mod:`.distributed`), the rows
+of a global batch each process reads (:mod:`.rows`), and the local launcher (:mod:`.launch`)."""

@@ -1,0 +1,121 @@
+"""Local multi-process launcher: ``python -m spardl_jax.launch --processes 4 -- CMD ...``.
+
+Starts ``--processes`` copies of ``CMD`` on this machine as one ``jax.distributed`` job
+(gloo carries the collectives between CPU processes), each with ``--devices-per-process``
+CPU devices. It picks a free port on 127.0.0.1 for the coordinator, streams every process's
+output with a ``[rank]`` prefix, and on the first failure (or ``--timeout``) stops them all
+and exits non-zero. The processes find their role in the environment variables that
+:func:`spardl_jax.distributed.initialize` reads.
+
+Example::
+
+  python -m spardl_jax.launch --processes 4 --devices-per-process 2 -- \\
+      python -m train --devices 8 --epochs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from spardl_jax.parallel import distributed
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that was free a moment ago."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _stream(rank: int, pipe, out) -> None:
+  for line in iter(pipe.readline, b""):
+    out.write(f"[{rank}] {line.decode(errors='replace')}")
+    out.flush()
+
+
+def _stop(procs) -> None:
+  """SIGTERM every process group still alive, then SIGKILL after 5 s."""
+  for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+      try:
+        os.killpg(p.pid, sig)
+      except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + wait
+    while wait and any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+      time.sleep(0.1)
+
+
+def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
+           timeout: float | None = None, host: str = "127.0.0.1", out=None) -> int:
+  """Runs ``command`` as ``processes`` ranks of one job; returns the job's exit code.
+
+  0 when every rank exits 0; otherwise the first failing rank's code (124 on timeout).
+  """
+  out = out or sys.stdout
+  coordinator = f"{host}:{free_port()}"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  procs, threads = [], []
+  for rank in range(processes):
+    child_env = dict(env, **distributed.environment(coordinator, processes, rank,
+                                                     devices_per_process))
+    proc = subprocess.Popen(command, env=child_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    procs.append(proc)
+    thread = threading.Thread(target=_stream, args=(rank, proc.stdout, out), daemon=True)
+    thread.start()
+    threads.append(thread)
+  deadline = None if timeout is None else time.monotonic() + timeout
+  code = 0
+  try:
+    while True:
+      codes = [p.poll() for p in procs]
+      failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+      if failed:
+        rank, code = failed[0]
+        out.write(f"[launch] rank {rank} exited with {code}; stopping the others\n")
+        break
+      if all(c == 0 for c in codes):
+        break
+      if deadline is not None and time.monotonic() > deadline:
+        out.write(f"[launch] timeout after {timeout:g} s; stopping every rank\n")
+        code = 124
+        break
+      time.sleep(0.1)
+  finally:
+    _stop(procs)
+    for thread in threads:
+      thread.join(timeout=5)
+  return code
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if "--" not in argv:
+    print("usage: python -m spardl_jax.launch --processes N [--devices-per-process D] "
+          "[--timeout S] -- COMMAND ...", file=sys.stderr)
+    return 2
+  split = argv.index("--")
+  parser = argparse.ArgumentParser(prog="python -m spardl_jax.launch", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--processes", type=int, required=True)
+  parser.add_argument("--devices-per-process", type=int, default=1)
+  parser.add_argument("--timeout", type=float, default=None, help="seconds for the whole job")
+  args = parser.parse_args(argv[:split])
+  command = argv[split + 1:]
+  if args.processes < 1 or args.devices_per_process < 1 or not command:
+    parser.error("--processes and --devices-per-process must be >= 1, and a command is needed")
+  return launch(command, processes=args.processes,
+                devices_per_process=args.devices_per_process, timeout=args.timeout)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,3 @@
+"""The optax side: the method registry by name (:mod:`.methods`), the gradient-sync
+transformation (:mod:`.transform`) and the sharding of its per-device state
+(:mod:`.data_parallel`)."""

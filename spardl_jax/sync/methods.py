@@ -1,0 +1,149 @@
+"""Gradient all-reduce methods by name: the registry of :mod:`spardl_jax.core.protocol`.
+
+Every method implements :class:`~spardl_jax.core.protocol.AllReduce` and registers itself
+once (SparDL in :mod:`spardl_jax.core.allreduce`, the competitors in
+:mod:`spardl_jax.baselines`). The optax transformation (:mod:`spardl_jax.sync.transform`),
+the trainer, the benchmarks and :func:`describe` read that registry, so a new algorithm
+plugs in at one place. This module adds text parsing (``'oktopk:tau=16'``) and the sharded
+runners that hold one state row per device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+import spardl_jax.baselines  # noqa: F401  (registers the competitors)
+from spardl_jax.core import protocol
+from spardl_jax.core.allreduce import SparDL
+from spardl_jax.core.config import SparDLConfig
+from spardl_jax.core.protocol import AllReduce
+
+
+# Every method registers itself on import (core: SparDL; baselines: the rest).
+Method = Literal["dense", "spardl", "topka", "topkdsa", "gtopk", "oktopk"]
+METHODS: tuple[str, ...] = typing.get_args(Method)
+assert set(METHODS) == set(protocol.registered()), "Method must list the registry's names"
+
+
+def spardl(config: SparDLConfig) -> AllReduce:
+  """SparDL (:func:`spardl_jax.spardl_allreduce`) with the given configuration."""
+  return SparDL(config)
+
+
+def dense() -> AllReduce:
+  """Dense ``pmean``, the reference every sparse method is measured against."""
+  return make("dense")
+
+
+def parse_teams(text: str):
+  """A ``teams`` value from text: an int or ``'auto'``."""
+  return text if text == "auto" else int(text)
+
+
+def _option_types() -> dict[str, Callable[[str], Any]]:
+  """How ``key=value`` text becomes each registered config's option."""
+  types = {}
+  for cls in protocol.registered().values():
+    for field in dataclasses.fields(cls.Config) if cls.Config else ():
+      kind = field.type if isinstance(field.type, str) else field.type.__name__
+      types[field.name] = (parse_teams if field.name == "teams" else
+                           int if kind == "int" else float if kind == "float" else str)
+  return types
+
+
+def parse(text: str, *, density: float, teams=1, sag: str = "auto",
+          residuals: str = "global") -> tuple[str, dict]:
+  """``method[:key=value[:key=value...]]`` -> ``(method, options)`` for :func:`make`.
+
+  Options not given in ``text`` are the defaults passed here: ``density`` for every sparse
+  method, ``teams``, ``sag`` and ``residuals`` for SparDL. Each method takes the fields of
+  its ``Config`` as keys, e.g. ``'oktopk:tau=16'``.
+  """
+  method, *pairs = text.split(":")
+  if method not in METHODS:
+    raise ValueError(f"method spec {text!r}: the method must be one of {METHODS}.")
+  config = protocol.registered()[method].Config
+  fields = {f.name for f in dataclasses.fields(config)} if config else set()
+  defaults = {"density": density, "teams": teams, "sag": sag, "residuals": residuals}
+  options = {key: value for key, value in defaults.items() if key in fields}
+  types = _option_types()
+  for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if not sep or key not in fields:
+      raise ValueError(f"method spec {text!r}: {pair!r} is not key=value with key one of "
+                       f"{sorted(fields)} (the options of {method!r}).")
+    try:
+      options[key] = types[key](value)
+    except ValueError:
+      raise ValueError(f"method spec {text!r}: {key}={value!r} is not a valid "
+                       f"{types[key].__name__}.") from None
+  return method, options
+
+
+def make(method: str, **options) -> AllReduce:
+  """The all-reduce called ``method``, built from its options.
+
+  Args:
+    method: one of :data:`METHODS`.
+    **options: the fields of the method's ``Config`` (see :func:`describe`).
+
+  Raises:
+    ValueError: for an unknown method; TypeError for an option it does not take.
+  """
+  return protocol.build(method, **options)
+
+
+def describe() -> str:
+  """A table of the registered methods: name, algorithm and options."""
+  rows = []
+  for name, cls in protocol.registered().items():
+    options = ", ".join(f.name for f in dataclasses.fields(cls.Config)) if cls.Config else "-"
+    rows.append(f"{name:<9} {cls.summary:<44} {options}")
+  return "\n".join(rows)
+
+
+def init_rows(method: AllReduce, p: int, n: int, dtype=jnp.float32):
+  """``method``'s initial state for ``p`` devices: every leaf gets a leading ``(p,)`` axis."""
+  return jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)), method.init(n=n, dtype=dtype, p=p))
+
+
+def abstract_rows(method: AllReduce, p: int, n: int, sharding, dtype=jnp.float32):
+  """:func:`init_rows` as ``jax.ShapeDtypeStruct`` leaves placed with ``sharding``: what
+  ``sharded(method, ...).lower`` needs for the state, without allocating it."""
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+                      jax.eval_shape(functools.partial(init_rows, method, p, n, dtype)))
+
+
+def sharded(method: AllReduce, mesh: jax.sharding.Mesh, axis_name: str = "data"):
+  """``method`` over arrays that hold one row per device, jitted.
+
+  Per-device state lives in arrays with a leading device axis sharded over ``axis_name``
+  (the residual is ``(P, n)``; each device sees its ``(1, n)`` row), the layout optimizer
+  state uses in data-parallel JAX.
+
+  Returns:
+    ``f(grads, state) -> (ys, state)``: ``grads`` ``(P, n)`` (row ``w`` is device ``w``'s
+    gradient) and ``state`` from :func:`init_rows`, both sharded ``PartitionSpec(axis_name)``;
+    every row of ``ys`` is the same mean.
+  """
+  rows = PartitionSpec(axis_name)
+
+  def step(grad, state):
+    y, state = method.apply(grad[0], jax.tree.map(lambda a: a[0], state),
+                            axis_name=axis_name)
+    return y[None], jax.tree.map(lambda a: a[None], state)
+
+  return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(rows, rows), out_specs=(rows, rows)))
+
+
+def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: str = "data"):
+  """:func:`sharded` for SparDL with ``config``; state from ``init_rows(spardl(config), ...)``."""
+  return sharded(spardl(config), mesh, axis_name)

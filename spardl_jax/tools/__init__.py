@@ -1,0 +1,2 @@
+"""Measuring: collectives and bytes read from compiled HLO (:mod:`.traffic`), the per-sync
+benchmark (:mod:`.bench`) and the emulated-network benchmark (:mod:`.netbench`)."""

@@ -1,0 +1,279 @@
+"""Benchmark: every all-reduce method side by side on simulated CPU devices.
+
+Usage::
+
+  python -m spardl_jax.bench                                 # all methods, paper sizes
+  python -m spardl_jax.bench --devices 8,14 --n 14.7e6 --out bench_out
+  python -m spardl_jax.bench --devices 12,14 --n 14.7e6 --methods spardl --teams all
+  python -m spardl_jax.bench --methods spardl,dense --n 1e6 --trace bench_out/trace
+
+For each device count ``P``, gradient size ``n`` and method (SparDL once per team count
+``d``) it reports:
+
+* the rounds and the bytes each device sends, measured from the compiled HLO, next to the
+  method's formula (dense ``pmean`` is one all-reduce op: its ring cost is the formula);
+* the compute time of one call (median of ``--repeats``, each call waited for, which also
+  guards against the CPU rendezvous deadlock of many simulated devices on few cores; the
+  state is fed back after a warm-up call, as in training), when the arrays fit in
+  ``--max-memory-gb`` (simulated devices share this machine's memory);
+* the alpha-beta modeled time ``rounds * alpha + bytes * beta`` for ``--alpha``/``--beta``
+  (default 10 Gbit/s Ethernet) and for 100 Gbit/s InfiniBand (``*`` marks the SparDL ``d``
+  that ``teams='auto'`` picks);
+* the paper's Table 1 (latency and bandwidth cost) evaluated beside the measurement.
+
+B-SAG traffic is read from the branch of the largest message, ``h = kb``, the model's
+assumption. ``--out`` writes ``results.json`` and ``modeled_time.png`` (modeled time vs
+``P`` per method). ``--trace`` writes Perfetto traces of a few calls (ui.perfetto.dev).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+from spardl_jax.core.config import ETHERNET_10G
+from spardl_jax.sync.methods import METHODS
+
+PAPER_SIZES = [14_700_000, 20_100_000, 23_500_000, 9_200_000, 35_200_000, 66_000_000,
+               133_500_000]
+
+
+def _parse_sizes(text: str) -> list[int]:
+  if text == "paper":
+    return list(PAPER_SIZES)
+  try:
+    sizes = [int(float(v)) for v in text.split(",") if v.strip()]
+  except ValueError:
+    sizes = []
+  if not sizes or min(sizes) < 1:
+    raise argparse.ArgumentTypeError(
+        f"must be a comma list of positive numbers (or 'paper' for --n), got {text!r}")
+  return sizes
+
+
+def _parse_args(argv):
+  parser = argparse.ArgumentParser(prog="python -m spardl_jax.bench", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--devices", type=_parse_sizes, default=[4, 8, 14],
+                      help="device counts P, comma separated (default 4,8,14)")
+  parser.add_argument("--n", type=_parse_sizes, default=list(PAPER_SIZES),
+                      help="gradient sizes, comma separated, or 'paper' (default: the seven "
+                           "models of the paper, 14.7e6 ... 133.5e6)")
+  parser.add_argument("--density", type=float, default=0.01)
+  parser.add_argument("--methods", default=",".join(METHODS),
+                      help=f"comma list from {list(METHODS)} (default: all)")
+  parser.add_argument("--teams", default="1",
+                      help="SparDL team counts d: a comma list, or 'all' for every divisor")
+  parser.add_argument("--sag", default="auto", choices=["auto", "recursive", "bruck"])
+  parser.add_argument("--alpha", type=float, default=ETHERNET_10G["alpha"],
+                      help="latency per round (s); default 10 Gbit/s Ethernet")
+  parser.add_argument("--beta", type=float, default=ETHERNET_10G["beta"],
+                      help="seconds per byte; default 10 Gbit/s Ethernet")
+  parser.add_argument("--repeats", type=int, default=5, help="timed calls per method")
+  parser.add_argument("--max-memory-gb", type=float, default=6.0,
+                      help="time a configuration only if its arrays fit in this much memory")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--out", help="directory for results.json and modeled_time.png")
+  parser.add_argument("--trace", help="directory for Perfetto traces")
+  args = parser.parse_args(argv)
+  if args.repeats < 1:
+    parser.error("--repeats must be >= 1")
+  args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+  unknown = sorted(set(args.methods) - set(METHODS))
+  if unknown:
+    parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}")
+  if args.teams != "all":
+    try:
+      args.teams = [int(v) for v in args.teams.split(",")]
+    except ValueError:
+      parser.error(f"--teams must be a comma list of ints or 'all', got {args.teams!r}")
+  return args
+
+
+def _median_seconds(fn, x, state, repeats: int) -> float:
+  """Median wall time of ``fn(x, state)``, the returned state fed back (as training does),
+  after one warm-up call."""
+  import jax
+
+  _, state = jax.block_until_ready(fn(x, state))  # compile and warm up
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    _, state = jax.block_until_ready(fn(x, state))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _teams(args, p: int) -> list[int]:
+  divisors = [d for d in range(1, p + 1) if p % d == 0]
+  if args.teams == "all":
+    return [d for d in divisors if not (args.sag == "recursive" and d & (d - 1))]
+  bad = [d for d in args.teams if d not in divisors]
+  if bad:
+    raise SystemExit(f"--teams {bad} do not divide --devices {p}; allowed: {divisors}")
+  return args.teams
+
+
+def _variants(args, p: int):
+  """``(label, method, teams)`` for every method (SparDL once per team count)."""
+  from spardl_jax.core import cost
+  from spardl_jax.sync import methods
+
+  for name in args.methods:
+    if name == "dense":
+      yield "dense", methods.make("dense"), None
+    elif name == "spardl":
+      for d in _teams(args, p):
+        label = "spardl" if d == 1 else f"spardl d={d} ({cost.sag_kind(d, args.sag)[0].upper()}-SAG)"
+        yield label, methods.make("spardl", density=args.density, teams=d, sag=args.sag), d
+    else:
+      yield name, methods.make(name, density=args.density), None
+
+
+def run(args) -> list[dict]:
+  import jax
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+  from tqdm import tqdm
+
+  from spardl_jax.core import cost
+  from spardl_jax.sync import methods
+  from spardl_jax.tools import traffic
+
+  rows = []
+  axis = "data"
+  jobs = [(p, n) for p in args.devices for n in args.n]
+  for p, n in tqdm(jobs, desc="configurations", unit="cfg", file=sys.stderr):
+    if len(jax.devices()) < p:
+      raise SystemExit(f"--devices {p}: only {len(jax.devices())} devices available")
+    mesh = jax.make_mesh((p,), (axis,), devices=jax.devices()[:p],
+                         axis_types=(jax.sharding.AxisType.Explicit,))
+    sharded = NamedSharding(mesh, P(axis))
+    timed = 8 * p * n * 4 <= args.max_memory_gb * 2**30
+    x = None
+    if timed:
+      x = jax.device_put(jax.random.normal(jax.random.key(args.seed), (p, n)), sharded)
+    x_spec = jax.ShapeDtypeStruct((p, n), "float32", sharding=sharded)
+    best = cost.choose_teams(p, n, args.density, alpha=args.alpha, beta=args.beta,
+                             sag=args.sag)
+    for label, method, d in _variants(args, p):
+      state_spec = methods.abstract_rows(method, p, n, sharded)
+      # One compilation serves both the HLO traffic count and the timing.
+      compiled = methods.sharded(method, mesh, axis).lower(x_spec, state_spec).compile()
+      measured = traffic.parse_hlo(compiled.as_text()).branch(-1)
+      formula = method.formula(p=p, n=n, itemsize=4)
+      if method.name == "dense":
+        # One all-reduce op of S bytes (measured); XLA picks its algorithm, so the rounds and
+        # bytes are those of a ring all-reduce of S: 2 (P - 1) rounds, 2 (P - 1) S / P bytes.
+        size = sum(c.bytes for c in measured.others if c.op.startswith("all-reduce"))
+        hlo_rounds, hlo_bytes = 2 * (p - 1), 2 * (p - 1) * size // p
+      else:
+        hlo_rounds, hlo_bytes = measured.rounds, max(measured.bytes_sent(i) for i in range(p))
+      seconds = None
+      if timed:
+        state = jax.device_put(methods.init_rows(method, p, n), sharded)
+        seconds = _median_seconds(compiled, x, state, args.repeats)
+        if args.trace:
+          with jax.profiler.trace(os.path.join(args.trace, f"p{p}_n{n}_{label}"),
+                                  create_perfetto_trace=True):
+            for _ in range(3):
+              jax.block_until_ready(compiled(x, state))
+      k = max(1, round(args.density * n))
+      paper = cost.paper_table1(method.name, p, n, k, d or 1, sag=args.sag)
+      rows.append({
+          "n": n, "devices": p, "method": label, "teams": d, "density": args.density,
+          "hlo_rounds": hlo_rounds, "hlo_bytes_per_device": hlo_bytes,
+          "formula_rounds": formula["rounds"], "formula_bytes": formula["bytes"],
+          "time_s": seconds,
+          "modeled_s": hlo_rounds * args.alpha + hlo_bytes * args.beta,
+          "modeled_ib_s": (hlo_rounds * cost.INFINIBAND_100G["alpha"]
+                           + hlo_bytes * cost.INFINIBAND_100G["beta"]),
+          "model_pick": d == best,
+          "paper_latency_rounds": paper["rounds"], "paper_bandwidth_elements": paper["elements"],
+          "hlo_elements": hlo_bytes // 4,
+          "other_collectives": [c.op for c in measured.others],
+      })
+  return rows
+
+
+def format_table(rows: list[dict]) -> str:
+  head = ("| n | P | method | HLO rounds | formula rounds | HLO bytes/device | formula bytes "
+          "| time (s) | modeled 10GbE (ms) | modeled IB (ms) |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  for r in rows:
+    t = "-" if r["time_s"] is None else f"{r['time_s']:.3f}"
+    pick = " *" if r["model_pick"] and r["teams"] else ""
+    lines.append(
+        f"| {r['n']:,} | {r['devices']} | {r['method']} | {r['hlo_rounds']} | "
+        f"{r['formula_rounds']} | {r['hlo_bytes_per_device']:,} | {r['formula_bytes']:,} | "
+        f"{t} | {r['modeled_s'] * 1e3:.2f}{pick} | {r['modeled_ib_s'] * 1e3:.3f} |")
+  return "\n".join(lines)
+
+
+def format_table1(rows: list[dict]) -> str:
+  """The paper's Table 1 evaluated beside the measurement (elements = float32 words)."""
+  head = ("| P | n | method | paper latency (rounds) | measured rounds | paper bandwidth "
+          "(elements) | measured elements |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  for r in rows:
+    low, high = r["paper_bandwidth_elements"]
+    band = f"{low:,.0f}" if low == high else f"[{low:,.0f}, {high:,.0f}]"
+    lines.append(f"| {r['devices']} | {r['n']:,} | {r['method']} | "
+                 f"{r['paper_latency_rounds']:.1f} | {r['hlo_rounds']} | {band} | "
+                 f"{r['hlo_elements']:,} |")
+  return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+  """Modeled time (10 GbE) vs P, one line per method, one panel per n."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  sizes = sorted({r["n"] for r in rows})
+  fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
+  for ax, n in zip(axes[0], sizes):
+    for label in dict.fromkeys(r["method"] for r in rows):
+      pts = sorted((r["devices"], r["modeled_s"] * 1e3) for r in rows
+                   if r["n"] == n and r["method"] == label)
+      if pts:
+        ax.plot(*zip(*pts), marker="o", label=label)
+    ax.set(title=f"n = {n:,}", xlabel="P (workers)", ylabel="modeled time per sync (ms)",
+           yscale="log")
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  args = _parse_args(sys.argv[1:] if argv is None else argv)
+  import jax
+  # Before JAX starts its CPU backend; ignored on GPU hosts, which use their real devices.
+  jax.config.update("jax_num_cpu_devices", max(args.devices))
+  rows = run(args)
+  machine = (f"{platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0].platform}, "
+             f"jax {jax.__version__}")
+  print(f"All-reduce methods, density {args.density}, median of {args.repeats} ({machine}); "
+        f"model alpha={args.alpha:g} s, beta={args.beta:g} s/B; "
+        f"* = the d teams='auto' picks")
+  print(format_table(rows))
+  print("\nThe paper's Table 1 beside the measurement")
+  print(format_table1(rows))
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+      json.dump({"machine": machine, "args": vars(args), "rows": rows}, f, indent=2)
+    plot(rows, os.path.join(args.out, "modeled_time.png"))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,190 @@
+"""All-reduce wall time over an emulated cluster network (Linux, root).
+
+``sudo python -m spardl_jax.netbench --rates 1gbit,100mbit --n 14.7e6``
+
+Builds ``P`` network namespaces, each with one veth link into a bridge, every link shaped
+with ``tc qdisc ... tbf rate R`` (what a namespace sends is limited to ``R``), and runs one
+JAX process per namespace (``jax.distributed`` + gloo over those links, one CPU device
+each). In one run it times every method, interleaved (repeat r runs each method once), at
+each rate, feeding each method's state back as training does (after one warm-up step), and
+prints the median wall time per sync and the ratios to SparDL. The processes
+share this machine's cores, so compute is slower than on separate hosts; the network is the
+emulated part. Everything is torn down at the end (also on failure). Not part of CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+BRIDGE = "spdlbr0"
+SUBNET = "10.77.0"
+DEFAULT_METHODS = ["dense", "spardl", "spardl:teams=2", "topka", "topkdsa", "gtopk", "oktopk"]
+
+
+def _sh(*cmd: str, ns: str | None = None) -> None:
+  full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
+  subprocess.run(full, check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def network(p: int):
+  """``p`` namespaces ``spdl0..`` on a bridge, addresses 10.77.0.1.. ; removed on exit."""
+  try:
+    _sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    _sh("ip", "addr", "add", f"{SUBNET}.254/24", "dev", BRIDGE)
+    _sh("ip", "link", "set", BRIDGE, "up")
+    for i in range(p):
+      ns = f"spdl{i}"
+      _sh("ip", "netns", "add", ns)
+      _sh("ip", "link", "add", f"spdlv{i}", "type", "veth", "peer", "name", f"spdlb{i}")
+      _sh("ip", "link", "set", f"spdlv{i}", "netns", ns)
+      _sh("ip", "link", "set", f"spdlb{i}", "master", BRIDGE)
+      _sh("ip", "link", "set", f"spdlb{i}", "up")
+      _sh("ip", "addr", "add", f"{SUBNET}.{i + 1}/24", "dev", f"spdlv{i}", ns=ns)
+      _sh("ip", "link", "set", f"spdlv{i}", "up", ns=ns)
+      _sh("ip", "link", "set", "lo", "up", ns=ns)
+      _resolve_hostname_to(ns, f"{SUBNET}.{i + 1}")
+    yield [f"spdl{i}" for i in range(p)]
+  finally:
+    for i in range(p):
+      subprocess.run(["ip", "netns", "del", f"spdl{i}"], capture_output=True)
+      shutil.rmtree(f"/etc/netns/spdl{i}", ignore_errors=True)
+    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+
+
+def _resolve_hostname_to(ns: str, address: str) -> None:
+  """Makes this host's name resolve to ``address`` inside namespace ``ns``.
+
+  gloo's TCP transport binds to the address the host name resolves to; every namespace
+  shares the host name, so without this each rank would bind to the same address. ``ip netns
+  exec`` bind-mounts ``/etc/netns/<ns>/hosts`` over ``/etc/hosts``: a per-namespace answer
+  with no private JAX API.
+  """
+  os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+  with open(f"/etc/netns/{ns}/hosts", "w") as f:
+    f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
+
+
+def shape(namespaces: list[str], rate: str) -> None:
+  """Limits what every namespace sends to ``rate`` (a tc rate, e.g. 1gbit, 100mbit)."""
+  for i, ns in enumerate(namespaces):
+    subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", f"spdlv{i}",
+                    "root"], capture_output=True)
+    _sh("tc", "qdisc", "add", "dev", f"spdlv{i}", "root", "tbf", "rate", rate, "burst",
+        "4mb", "latency", "400ms", ns=ns)
+
+
+def run_workers(namespaces, args, rate: str) -> dict:
+  """One process per namespace; returns rank 0's timings."""
+  from spardl_jax.parallel import distributed
+
+  port = 47000 + int(time.time()) % 1000
+  out = os.path.join(args.out, f"times_{rate}.json")
+  procs = []
+  for i, ns in enumerate(namespaces):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(distributed.environment(f"{SUBNET}.1:{port}", len(namespaces), i, 1))
+    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "spardl_jax.netbench", "--worker",
+           "--n", str(args.n), "--density", str(args.density), "--repeats",
+           str(args.repeats), "--methods", ",".join(args.methods), "--out", out]
+    procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+  try:
+    for proc in procs:
+      if proc.wait(timeout=args.timeout) != 0:
+        raise SystemExit(f"a worker failed at {rate}")
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        os.killpg(proc.pid, 9)
+  with open(out) as f:
+    return json.load(f)
+
+
+def worker(args) -> int:
+  """One rank: time every method, interleaved, and (rank 0) write the medians."""
+  from spardl_jax.parallel import distributed
+  distributed.initialize()
+  import jax
+  import numpy as np
+
+  from spardl_jax.sync import methods
+  from spardl_jax.parallel.rows import shard_rows
+
+  p = jax.device_count()
+  mesh = jax.make_mesh((p,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+  xs = np.random.default_rng(0).standard_normal((p, args.n)).astype(np.float32)
+  x = shard_rows(xs, mesh)
+  runs = {}
+  for text in args.methods:
+    name, options = methods.parse(text, density=args.density)
+    method = methods.make(name, **options)
+    state = shard_rows(methods.init_rows(method, p, args.n), mesh)
+    fn = methods.sharded(method, mesh)
+    _, state = jax.block_until_ready(fn(x, state))  # compile and warm up (step 0)
+    runs[text] = [fn, state]
+  times = {text: [] for text in args.methods}
+  for _ in range(args.repeats):
+    for text, run in runs.items():  # the state is fed back, as in training
+      start = time.perf_counter()
+      _, run[1] = jax.block_until_ready(run[0](x, run[1]))
+      times[text].append(time.perf_counter() - start)
+  if jax.process_index() == 0:
+    with open(args.out, "w") as f:
+      json.dump({t: statistics.median(v) for t, v in times.items()}, f)
+  return 0
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m spardl_jax.netbench", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--processes", type=int, default=4)
+  parser.add_argument("--rates", default="1gbit,100mbit", help="tc rates, comma separated")
+  parser.add_argument("--n", type=lambda v: int(float(v)), default=14_700_000)
+  parser.add_argument("--density", type=float, default=0.01)
+  parser.add_argument("--methods", default=",".join(DEFAULT_METHODS))
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--timeout", type=float, default=1800, help="seconds per rate")
+  parser.add_argument("--out", default="netbench_out")
+  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  args.methods = args.methods.split(",")
+  if "spardl" not in args.methods:
+    parser.error(f"--methods must include 'spardl' (the ratios are to it), got {args.methods}")
+  if args.worker:
+    return worker(args)
+  if os.geteuid() != 0:
+    print("netbench needs root (network namespaces and tc).", file=sys.stderr)
+    return 2
+  os.makedirs(args.out, exist_ok=True)
+  args.out = os.path.abspath(args.out)
+  results = {}
+  with network(args.processes) as namespaces:
+    for rate in args.rates.split(","):
+      shape(namespaces, rate)
+      results[rate] = run_workers(namespaces, args, rate)
+  print(f"wall time per sync (median of {args.repeats}), P = {args.processes} processes, "
+        f"n = {args.n:,}, density {args.density}")
+  print("| method | " + " | ".join(f"{r} (s) | {r} vs SparDL" for r in results) + " |")
+  print("|---|" + "---|---|" * len(results))
+  for text in args.methods:
+    cells = []
+    for times in results.values():
+      cells += [f"{times[text]:.3f}", f"{times[text] / times['spardl']:.2f}x"]
+    print(f"| {text} | " + " | ".join(cells) + " |")
+  with open(os.path.join(args.out, "results.json"), "w") as f:
+    json.dump(results, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
