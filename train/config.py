@@ -28,7 +28,7 @@ class TrainConfig:
   model_size: str = "full"
   dataset: str = "mnist1d"
   variants: tuple[Variant, ...] = ()
-  devices: int = 8
+  devices: int | None = None  # None: every device (8 simulated CPU devices in one process)
   epochs: int = 30
   batch_size: int = 128
   lr: float = 0.05
@@ -43,6 +43,8 @@ class TrainConfig:
   image_size: int = 224  # ImageNet crops
   steps_per_epoch: int | None = None  # None: one pass over the training set
   eval_steps: int | None = None  # None: the whole test set
+  log_every: int = 50  # steps between fetches of the metrics to the host
+  data_workers: int = 0  # Grain worker processes that read and decode batches (0: a thread)
 
 
 def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
   args = _parse_args(argv)
   from tqdm import tqdm
 
-  from train import input_pipeline
+  from train import data
   from train.train import data_request, make_mesh, simulate_devices, train_and_evaluate
 
   simulate_devices(args.devices)
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
   results: dict = {}
   for case, seed, variant in tqdm(jobs, desc="runs", unit="run", file=sys.stderr):
     cfg = dataclasses.replace(CASES[case], devices=args.devices, seed=seed)
-    ds = input_pipeline.load(cfg.dataset, data_request(cfg))
+    ds = data.load(cfg.dataset, data_request(cfg))
     r = train_and_evaluate(cfg, variant, ds, mesh, progress=False)
     results.setdefault((case, variant.label), []).append(r)
   for (case, label), runs in results.items():

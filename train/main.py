@@ -11,11 +11,12 @@ import os
 import jax
 
 from models import MODELS, describe
-from spardl_jax.methods import parse_teams
+from spardl_jax.sync.methods import parse_teams
 from train.config import TrainConfig, parse_variant
-from train.input_pipeline import DATASETS
+from train.data import DATASETS
 
 log = logging.getLogger("train")
+SIMULATED_DEVICES = 8  # a single CPU process without --devices simulates this many
 
 
 def _parse_args(argv):
@@ -51,8 +52,8 @@ def _parse_args(argv):
                  help="Spar-All-Gather for teams > 1 (default: R-SAG when d is a power of two)")
   p.add_argument("--residuals", default="global", choices=["global", "local", "none"])
   p.add_argument("--devices", type=int, default=d.devices,
-                 help="devices on the data axis: simulated CPU devices, or the first N "
-                      "accelerators when present (default: %(default)s)")
+                 help="devices on the data axis (default: all devices of the job; in one "
+                      "CPU process, 8 simulated devices)")
   p.add_argument("--epochs", type=int, default=d.epochs)
   p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch size")
   p.add_argument("--steps-per-epoch", type=int, default=d.steps_per_epoch,
@@ -69,7 +70,14 @@ def _parse_args(argv):
   p.add_argument("--checkpoint", action="store_true",
                  help="save the train state (residuals included) after every epoch under "
                       "OUT/checkpoints/METHOD and resume from there when present")
-  p.add_argument("--no-progress", action="store_true", help="no progress bars")
+  p.add_argument("--data-workers", type=int, default=d.data_workers,
+                 help="Grain worker processes that read and decode training batches "
+                      "(default: %(default)s, one reader thread)")
+  p.add_argument("--log-every", type=int, default=d.log_every,
+                 help="steps between fetches of the metrics from the devices (default: "
+                      "%(default)s; each epoch's end fetches too)")
+  p.add_argument("--no-progress", action="store_true",
+                 help="no progress bar or step lines (a bar appears only on a terminal)")
   p.add_argument("--distributed", action="store_true",
                  help="join a multi-host job detected by jax.distributed.initialize() "
                       "(SLURM, Open MPI, ...); python -m spardl_jax.launch needs no flag")
@@ -89,10 +97,10 @@ def main(argv=None) -> int:
   # A multi-process job (python -m spardl_jax.launch, or --distributed on a cluster) sets
   # its local devices itself; --devices then counts the devices of all processes.
   if not distributed.initialize(auto=args.distributed):
-    simulate_devices(args.devices)
+    simulate_devices(args.devices or SIMULATED_DEVICES)
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # one logging process
-  from train import input_pipeline, report
+  from train import data, report
   from train.train import check_model_data, data_request, make_mesh, train_and_evaluate
 
   texts = [args.method] if args.method else args.compare.split(",")
@@ -104,12 +112,13 @@ def main(argv=None) -> int:
                     optimizer=args.optimizer, weight_decay=args.weight_decay,
                     seed=args.seed, out=args.out, data_dir=args.data_dir,
                     seq_len=args.seq_len, image_size=args.image_size,
-                    steps_per_epoch=args.steps_per_epoch, eval_steps=args.eval_steps)
+                    steps_per_epoch=args.steps_per_epoch, eval_steps=args.eval_steps,
+                    log_every=args.log_every, data_workers=args.data_workers)
   check_model_data(cfg.model, cfg.dataset)
   mesh = make_mesh(cfg.devices)
-  ds = input_pipeline.load(cfg.dataset, data_request(cfg))
+  ds = data.load(cfg.dataset, data_request(cfg))
   log.info("%s: %d train / %d test examples; %s on %d %s devices; methods: %s", ds.name,
-           len(ds.train), len(ds.test), cfg.model, cfg.devices,
+           len(ds.train), len(ds.test), cfg.model, mesh.size,
            mesh.devices.flat[0].platform, ", ".join(v.label for v in variants))
   results = []
   for variant in variants:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
 from typing import Any, NamedTuple
 
@@ -27,11 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import PartitionSpec
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 import models
 import spardl_jax as sj
-from train import input_pipeline
+from spardl_jax.parallel.rows import shard_rows
+from train import data, input_pipeline
 from train.config import TrainConfig, Variant
 
 log = logging.getLogger("train")
@@ -49,11 +51,13 @@ class TrainState:
 
 
 class StepMetrics(NamedTuple):
-  """Global mean loss and metric (accuracy, or MAE for regression) of one train step's
-  batch (float32 scalars)."""
+  """One train step's global mean loss and metric (accuracy, or MAE for regression) over
+  its batch, and the bytes a device sent in its gradient sync (mean over devices); float32
+  scalars, kept on the device until the loop fetches a whole log interval at once."""
 
   loss: jax.Array
   metric: jax.Array
+  bytes_sent: jax.Array
 
 
 def simulate_devices(devices: int) -> None:
@@ -68,9 +72,11 @@ def simulate_devices(devices: int) -> None:
     pass
 
 
-def make_mesh(devices: int, axis_name: str = "data") -> jax.sharding.Mesh:
-  """A 1-D mesh over the first ``devices`` devices of the default backend."""
+def make_mesh(devices: int | None = None, axis_name: str = "data") -> jax.sharding.Mesh:
+  """A 1-D mesh over the first ``devices`` devices of the default backend (all of them,
+  across every process of a ``jax.distributed`` job, when None)."""
   available = jax.devices()
+  devices = len(available) if devices is None else devices
   if not 1 <= devices <= len(available):
     raise ValueError(f"--devices must be in [1, {len(available)}] (devices available on "
                      f"{available[0].platform}), got {devices}.")
@@ -97,17 +103,17 @@ def make_optimizer(cfg: TrainConfig, variant: Variant) -> optax.GradientTransfor
 def check_model_data(model: str, dataset: str) -> None:
   """Raises a ValueError naming the datasets ``model`` can read, if ``dataset`` is not one."""
   spec = models.spec(model)
-  if input_pipeline.kind(dataset) not in spec.inputs:
-    fits = sorted(d for d in input_pipeline.DATASETS if input_pipeline.kind(d) in spec.inputs)
+  if data.kind(dataset) not in spec.inputs:
+    fits = sorted(d for d in data.DATASETS if data.kind(d) in spec.inputs)
     raise ValueError(f"--model {model} reads {'/'.join(spec.inputs)} data; --dataset must "
                      f"be one of {fits}, got {dataset!r}.")
 
 
-def data_request(cfg: TrainConfig) -> input_pipeline.Request:
+def data_request(cfg: TrainConfig) -> data.Request:
   """What ``cfg.model`` needs from the dataset: objective, vocabulary size, sequence length."""
   spec = models.spec(cfg.model)
   model = models.create(cfg.model, cfg.model_size)
-  return input_pipeline.Request(
+  return data.Request(
       objective=spec.objective, vocab_size=getattr(model, "vocab_size", None),
       seq_len=cfg.seq_len or spec.example[0][0], image_size=cfg.image_size,
       data_dir=cfg.data_dir, seed=cfg.seed)
@@ -176,10 +182,11 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
   params = optax.apply_updates(state.params, updates)
   # Batch-norm statistics are averaged so they stay replicated (a few values per channel).
   model_state = jax.lax.pmean(model_state, axis_name)
-  sums = jax.lax.psum(jnp.stack([loss / size, metric / total]), axis_name)
+  sent = sj.sync_stats(opt_state).bytes_sent[0]
+  sums = jax.lax.psum(jnp.stack([loss / size, metric / total, sent / size]), axis_name)
   return (state.replace(step=state.step + 1, params=params, model_state=model_state,
                         opt_state=opt_state),
-          StepMetrics(loss=sums[0], metric=sums[1]))
+          StepMetrics(loss=sums[0], metric=sums[1], bytes_sent=sums[2]))
 
 
 def eval_step(state: TrainState, batch, *, model: nn.Module, axis_name: str,
@@ -222,7 +229,8 @@ class RunResult(NamedTuple):
       ``test_<metric>``, ``bytes_sent`` (cumulative per device), ``residual_norm``.
     num_params: parameters (float entries synchronized per step).
     bytes_per_step: bytes each device sent per step.
-    time_per_step: median wall seconds of a train step (compiled, waited for).
+    time_per_step: median wall seconds of a train step, compilation excluded (see
+      :class:`_Loop` for how steps are timed).
     state: the final train state.
   """
 
@@ -235,18 +243,18 @@ class RunResult(NamedTuple):
   state: TrainState
 
 
-def evaluate_model(evaluate, state: TrainState, ds: input_pipeline.Dataset, mesh,
+def evaluate_model(evaluate, state: TrainState, ds: data.Dataset, mesh,
                    cfg: TrainConfig) -> tuple[float, float]:
   """Test-set mean loss and metric."""
   total = np.zeros(3)
   for batch in input_pipeline.eval_batches(ds.test, cfg.batch_size, mesh, cfg.axis_name,
                                            steps=cfg.eval_steps):
-    total += _host(evaluate(state, sj.data_parallel.shard_rows(batch, mesh, cfg.axis_name,
+    total += _host(evaluate(state, shard_rows(batch, mesh, cfg.axis_name,
                                                                local=True)))
   return total[0] / total[2], total[1] / total[2]
 
 
-def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Dataset,
+def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                        mesh: jax.sharding.Mesh, *, progress: bool = True,
                        checkpoint_dir: str | None = None) -> RunResult:
   """Trains ``cfg.model`` on ``ds`` with ``variant``'s gradient sync for ``cfg.epochs``.
@@ -259,9 +267,9 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
   """
   from train import checkpoint
 
-  if cfg.batch_size % cfg.devices:
+  if cfg.batch_size % mesh.size:
     raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --devices "
-                     f"({cfg.devices}).")
+                     f"({mesh.size}).")
   check_model_data(cfg.model, ds.name)
   model = models.create(cfg.model, cfg.model_size, **ds.info)
   tx = make_optimizer(cfg, variant)
@@ -271,51 +279,131 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: input_pipeline.Da
   train, evaluate = compile_steps(model, tx, mesh, specs, cfg.axis_name, task=ds.task,
                                   seed=cfg.seed)
   num_params = models.count(state.params)
-  history, times, sent, first = [], [], 0.0, 1
+  history, first = [], 1
   mgr = checkpoint.manager(checkpoint_dir) if checkpoint_dir else None
   restored = mgr and checkpoint.restore_latest(mgr, state)
   if restored:
     done, state, history = restored
-    first, sent = done + 1, history[-1]["bytes_sent"]
+    first = done + 1
     log.info("%s: resumed from %s after epoch %d", variant.label, checkpoint_dir, done)
   steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
   if steps < 1:
     raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
                      f"({len(ds.train)} examples).")
-  bar = tqdm(total=(cfg.epochs - first + 1) * steps, desc=variant.label,
-             disable=not progress or jax.process_index() != 0, unit="step", leave=False)
-  stats = sj.sync_stats(state.opt_state)
-  bytes_per_step = float(_host(stats.bytes_sent)[0])
+  loop = _Loop(variant.label, total=(cfg.epochs - first + 1) * steps,
+               log_every=cfg.log_every, progress=progress,
+               wait_each_step=_rendezvous_hazard(mesh))
+  sent = history[-1]["bytes_sent"] if history else 0.0
   for epoch in range(first, cfg.epochs + 1):
-    losses, metrics_ = [], []
     for batch in input_pipeline.train_batches(ds.train, cfg.batch_size, mesh, cfg.axis_name,
                                               seed=cfg.seed, epoch=epoch,
-                                              steps=cfg.steps_per_epoch):
-      start = time.perf_counter()
-      state, metrics = train(state, sj.data_parallel.shard_rows(batch, mesh, cfg.axis_name,
-                                                                local=True))
-      # Waiting for every step also guards the CPU multi-device rendezvous deadlock.
-      jax.block_until_ready(state)
-      times.append(time.perf_counter() - start)
-      stats = sj.sync_stats(state.opt_state)
-      bytes_per_step = float(_host(stats.bytes_sent)[0])
-      sent += bytes_per_step
-      losses.append(float(_host(metrics.loss)))
-      metrics_.append(float(_host(metrics.metric)))
-      bar.update()
-      bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3f}")
+                                              steps=cfg.steps_per_epoch,
+                                              workers=cfg.data_workers):
+      batch = shard_rows(batch, mesh, cfg.axis_name, local=True)
+      if loop.step_fn is None:
+        loop.compile(train, state, batch)
+      state = loop.step(state, batch, epoch)
+    epoch_metrics = loop.fetch(epoch)  # (steps, 3): loss, metric, bytes per step
+    sent += float(epoch_metrics[:, 2].sum())
     test_loss, test_metric = evaluate_model(evaluate, state, ds, mesh, cfg)
-    history.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
-                    f"train_{ds.metric}": float(np.mean(metrics_)),
+    history.append({"epoch": epoch, "train_loss": float(epoch_metrics[:, 0].mean()),
+                    f"train_{ds.metric}": float(epoch_metrics[:, 1].mean()),
                     "test_loss": float(test_loss), f"test_{ds.metric}": float(test_metric),
                     "bytes_sent": sent,
-                    "residual_norm": float(np.mean(_host(stats.residual_norm)))})
+                    "residual_norm": float(np.mean(
+                        _host(sj.sync_stats(state.opt_state).residual_norm)))})
+    loop.log(f"epoch {epoch}/{cfg.epochs}: train loss {history[-1]['train_loss']:.4f}, "
+             f"test {ds.metric} {test_metric:.4f}")
     if mgr:
       checkpoint.save(mgr, epoch, state, history)
-  bar.close()
+  loop.close()
   if mgr:
     mgr.close()
-  # The first step includes compilation.
-  time_per_step = float(np.median(times[1:] if len(times) > 1 else times or [np.nan]))
+  bytes_per_step = float(loop.last_bytes) if loop.last_bytes is not None else float(
+      _host(sj.sync_stats(state.opt_state).bytes_sent)[0])
+  time_per_step = float(np.median(loop.times)) if loop.times else float("nan")
   return RunResult(variant.label, ds.metric, history, num_params, bytes_per_step,
                    time_per_step, state)
+
+
+def _rendezvous_hazard(mesh: jax.sharding.Mesh) -> bool:
+  """Several CPU devices in one process can deadlock in a collective's rendezvous when steps
+  are dispatched ahead (JAX_NOTES): there, and only there, each step is waited for."""
+  local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+  return local[0].platform == "cpu" and len(local) > 1
+
+
+class _Loop:
+  """The train loop's bookkeeping: compile once (reported on its own line), dispatch steps
+  without fetching anything, and fetch the metrics of a whole log interval at once.
+
+  Step times: with ``wait_each_step`` each step is timed from after its batch was placed
+  until its result is ready; otherwise a log interval's wall time is spread over its steps
+  (dispatch runs ahead, so per-step timing would only measure the dispatch).
+  """
+
+  def __init__(self, label: str, *, total: int, log_every: int, progress: bool,
+               wait_each_step: bool):
+    self.label, self.total, self.log_every = label, total, log_every
+    self.wait_each_step = wait_each_step
+    self.interactive = progress and jax.process_index() == 0 and sys.stderr.isatty()
+    self.quiet = not progress or jax.process_index() != 0
+    self.step_fn, self.bar = None, None
+    self.pending, self.epoch_rows, self.times = [], [], []
+    self.last_bytes, self.interval_start, self.done = None, None, 0
+
+  def compile(self, train, state, batch) -> None:
+    start = time.perf_counter()
+    self.step_fn = train.lower(state, batch).compile()
+    self.log(f"train step compiled in {time.perf_counter() - start:.1f} s")
+    if self.interactive:  # after the compile, so the bar's rate and ETA are real
+      self.bar = tqdm(total=self.total, desc=self.label, unit="step", leave=False)
+    self.interval_start = time.perf_counter()
+
+  def step(self, state, batch, epoch: int):
+    start = time.perf_counter()
+    state, metrics = self.step_fn(state, batch)
+    if self.wait_each_step:
+      jax.block_until_ready(state)
+      self.times.append(time.perf_counter() - start)
+    self.pending.append(metrics)
+    if len(self.pending) >= self.log_every:
+      self._drain(epoch)
+    return state
+
+  def _drain(self, epoch: int, *, announce: bool = True) -> None:
+    if not self.pending:
+      return
+    rows = np.array([[_host(m.loss), _host(m.metric), _host(m.bytes_sent)]
+                     for m in self.pending], np.float64)
+    now = time.perf_counter()
+    if not self.wait_each_step:
+      self.times += [(now - self.interval_start) / len(rows)] * len(rows)
+    self.interval_start = now
+    self.epoch_rows.append(rows)
+    self.last_bytes = rows[-1, 2]
+    self.done += len(rows)
+    self.pending = []
+    if self.bar is not None:
+      self.bar.update(len(rows))
+      self.bar.set_postfix(epoch=epoch, loss=f"{rows[-1, 0]:.3f}")
+    elif announce and not self.quiet:
+      log.info("%s: step %d/%d, loss %.4f", self.label, self.done, self.total, rows[-1, 0])
+
+  def fetch(self, epoch: int) -> np.ndarray:
+    """This epoch's ``(steps, 3)`` metrics (loss, metric, bytes), fetched now."""
+    self._drain(epoch, announce=False)  # the epoch's own line follows
+    rows, self.epoch_rows = np.concatenate(self.epoch_rows), []
+    return rows
+
+  def log(self, message: str) -> None:
+    if self.quiet:
+      return
+    if self.bar is not None:
+      self.bar.write(f"{self.label}: {message}")
+    else:
+      log.info("%s: %s", self.label, message)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()

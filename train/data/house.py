@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from train.input_pipeline import Dataset, Request, array_split
+from train.data.types import Dataset, Request, array_split
 
 ROOMS = ("bathroom", "bedroom", "frontal", "kitchen")
 TILE = 32
@@ -60,3 +60,6 @@ def load(req: Request) -> Dataset:
   y = (price / price[train].max()).astype(np.float32)
   return Dataset("house", "image", "regress", array_split(x[train], y[train]),
                  array_split(x[test], y[test]), {"num_classes": 1})
+
+
+SOURCES = {"house": ("image", load)}

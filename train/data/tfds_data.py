@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from train import input_pipeline, text
-from train.input_pipeline import Dataset, Request, Split
+from train.data import text
+from train.data.corpora import corpus_objective
+from train.data.types import Batch, Dataset, Request, Split, token_split
 
 # name -> (train split, test split); Wikipedia has only "train", so 1 % of it is held out.
 SPLITS = {"cifar10": ("train", "test"), "cifar100": ("train", "test"),
@@ -58,7 +59,7 @@ def source(name: str, split: str, data_dir: str | None):
 _HOW = ("On a machine with internet, run: pip install tensorflow-datasets tensorflow; "
         "python -c \"import tensorflow_datasets as tfds; tfds.builder('%s', data_dir='%s', "
         "file_format='array_record').download_and_prepare()\" and copy the directory here "
-        "(see train/tfds_data.py).")
+        "(see train/data/tfds_data.py).")
 
 
 def _records(src, idx: np.ndarray) -> list[dict]:
@@ -101,19 +102,19 @@ def _vocabulary(src, req: Request) -> text.Vocabulary:
 
 
 def load(name: str, req: Request) -> Dataset:
-  """TFDS dataset ``name`` as :mod:`train.input_pipeline` batches.
+  """TFDS dataset ``name`` (a key of :data:`SOURCES`, or ``wikipedia/<config>``).
 
   The word vocabulary (text and corpora) is counted over the first
   :data:`VOCAB_EXAMPLES` training examples, ``req.vocab_size`` words at most.
   """
   base = name.split("/")[0]
   train, test = (source(name, s, req.data_dir) for s in SPLITS[base])
-  kind = input_pipeline.kind(name)
+  kind = KINDS[base]
   if kind == "image":
     size = req.image_size if base == "imagenet2012" else None
     num_classes = {"cifar10": 10, "cifar100": 100, "imagenet2012": 1000}[base]
     # CIFAR trains with random crops and flips; ImageNet with center crops only.
-    augment = input_pipeline.crop_and_flip if size is None else None
+    augment = crop_and_flip if size is None else None
     return Dataset(name, kind, "classify", _image_split(train, size, augment),
                    _image_split(test, size), {"num_classes": num_classes})
   vocab = _vocabulary(train, req)
@@ -130,11 +131,37 @@ def load(name: str, req: Request) -> Dataset:
       return Split(len(src), take)
     return Dataset(name, kind, "classify", split(train), split(test),
                    {"num_classes": 2, "vocab_size": len(vocab)})
-  objective = input_pipeline.corpus_objective(name, req)
+  objective = corpus_objective(name, req)
 
   def corpus_split(src, seed):
     tokens = text.sequences(lambda idx: ids(_records(src, idx)), len(src), req.seq_len)
-    return input_pipeline.token_split(tokens, objective, vocab_size=len(vocab), seed=seed)
+    return token_split(tokens, objective, vocab_size=len(vocab), seed=seed)
 
   return Dataset(name, kind, objective, corpus_split(train, req.seed),
                  corpus_split(test, req.seed + 1), {"vocab_size": len(vocab)})
+
+
+def crop_and_flip(batch: Batch, indices: np.ndarray, *, seed: int, epoch: int,
+                  pad: int = 4) -> Batch:
+  """The standard CIFAR augmentation: a random crop of the zero-padded image (``pad`` pixels
+  each side) and a random horizontal flip, drawn per (seed, epoch, example index)."""
+  x, y, w = batch
+  b, h, wd = x.shape[:3]
+  padded = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+  out = np.empty_like(x)
+  for row, index in enumerate(indices):
+    dy, dx, flip = np.random.default_rng([seed, epoch, int(index)]).integers(
+        0, [2 * pad + 1, 2 * pad + 1, 2])
+    crop = padded[row, dy:dy + h, dx:dx + wd]
+    out[row] = crop[:, ::-1] if flip else crop
+  return out, y, w
+
+
+def _loader(name: str):
+  return lambda req: load(name, req)
+
+
+KINDS = {"cifar10": "image", "cifar100": "image", "imagenet2012": "image",
+         "imdb_reviews": "text", "lm1b": "corpus", "wikipedia": "corpus"}
+SOURCES = {name: (kind, _loader("wikipedia/20230601.en" if name == "wikipedia" else name))
+           for name, kind in KINDS.items()}
