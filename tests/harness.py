@@ -24,6 +24,13 @@ def compiled(p, config):
   return sj.sharded_allreduce(config, mesh(p), AXIS)
 
 
+@functools.lru_cache(maxsize=None)
+def executable(p, n, config, dtype=jnp.float32):
+  """The compiled program for (P, n) gradients of ``dtype``: one compilation serves both the
+  numbers (calling it) and the traffic (its HLO text)."""
+  return _lower(compiled(p, config), sj.methods.spardl(config), p, n, dtype).compile()
+
+
 def put(p, tree):
   """Shards every leaf of `tree` over its leading (device) axis, with the full-rank spec
   jit gives its outputs (so feeding outputs back does not recompile)."""
@@ -43,8 +50,8 @@ def rows(p, n, config, dtype=jnp.float32, residuals=None):
 
 def run_state(xs, state, config):
   """One all-reduce from a sharded state; returns (ys as NumPy (P, n), new state)."""
-  p = xs.shape[0]
-  ys, state = jax.block_until_ready(compiled(p, config)(put(p, xs), state))
+  p, n = xs.shape
+  ys, state = jax.block_until_ready(executable(p, n, config, xs.dtype)(put(p, xs), state))
   return np.asarray(ys), state
 
 
@@ -55,16 +62,17 @@ def run(xs, rs, config):
   return ys, np.asarray(state.residual)
 
 
-def hlo_text(p, n, config, dtype=jnp.float32):
-  return _hlo(compiled(p, config), sj.methods.spardl(config), p, n, dtype)
+def traffic(p, n, config, dtype=jnp.float32):
+  """The collectives of the SparDL program for (P, n) gradients (tools.traffic.Traffic)."""
+  return sj.traffic.parse_hlo(executable(p, n, config, dtype).as_text())
 
 
-def _hlo(fn, method, p, n, dtype):
-  """The compiled HLO of `fn` (a `methods.sharded` program) on (P, n) gradients."""
+def _lower(fn, method, p, n, dtype):
+  """`fn` (a `methods.sharded` program) lowered for (P, n) gradients and the method's state."""
   sharding = NamedSharding(mesh(p), P(AXIS))
   spec = jax.ShapeDtypeStruct((p, n), dtype, sharding=sharding)
   state = sj.methods.abstract_rows(method, p, n, sharding, dtype)
-  return fn.lower(spec, state).compile().as_text()
+  return fn.lower(spec, state)
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,5 +86,24 @@ def method_rows(p, n, method, dtype=jnp.float32):
   return put(p, sj.methods.init_rows(method, p, n, dtype))
 
 
-def method_hlo(p, n, method, dtype=jnp.float32):
-  return _hlo(compiled_method(p, method), method, p, n, dtype)
+def method_traffic(p, n, method, dtype=jnp.float32):
+  """The collectives of `method`'s program for (P, n) gradients."""
+  return sj.traffic.parse_hlo(
+      _lower(compiled_method(p, method), method, p, n, dtype).compile().as_text())
+
+
+def gradients(rng, p, n, heavy_tails=False):
+  """(P, n) float32 local gradients; heavy tails make top-k selections uneven."""
+  x = rng.standard_normal((p, n)).astype(np.float32)
+  if heavy_tails:
+    x *= rng.exponential(size=(p, n)).astype(np.float32) ** 3
+  return x
+
+
+def assert_conserved(xs, rs, ys, new_rs):
+  """Conservation: sum of new residuals + P * y equals sum of (x + old residuals), in float64."""
+  p = xs.shape[0]
+  total_in = (xs.astype(np.float64) + rs).sum(0)
+  total_out = new_rs.astype(np.float64).sum(0) + p * ys[0].astype(np.float64)
+  scale = np.abs(xs).sum(0) + np.abs(rs).sum(0) + 1
+  np.testing.assert_array_less(np.abs(total_out - total_in), 1e-5 * scale)

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import spardl_jax as sj  # noqa: E402
-from spardl_jax.data_parallel import shard_rows  # noqa: E402
+from spardl_jax.parallel.rows import shard_rows  # noqa: E402
 
 P_ALL = jax.device_count()
 N = 3001
@@ -44,7 +44,7 @@ def recording(ds):
   """``ds`` whose training split logs the indices of every read, and that log."""
   import dataclasses
 
-  from train.input_pipeline import Split
+  from train.data import Split
 
   reads = []
 
@@ -71,12 +71,12 @@ def main(mode, out):
         saved[f"{name}_r_{row}"] = value
     np.savez(os.path.join(out, f"rank{rank}.npz"), **saved)
   elif mode == "train":
-    from train import input_pipeline
+    from train import data
     from train.config import TrainConfig, Variant
     from train.train import make_mesh, train_and_evaluate
     cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=P_ALL,
                       epochs=2, batch_size=64)
-    ds, reads = recording(input_pipeline.load("digits"))
+    ds, reads = recording(data.load("digits"))
     result = train_and_evaluate(cfg, Variant("spardl", "spardl", {"density": 0.05}), ds,
                                 make_mesh(P_ALL), progress=False)
     saved = {f"r_{row}": v for row, v in

@@ -1,4 +1,4 @@
-"""A plain NumPy model of SparDL (d = 1), written from docs/DESIGN.md, independent of the
+"""A plain NumPy model of SparDL (d = 1), written from docs/design.md, independent of the
 library: dense buffers in global block order, one loop over workers per step, and top-k by a
 stable argsort. The tests compare the JAX implementation with it."""
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import spardl_jax as sj
-from tests import harness, reference_baselines
-from tests.test_allreduce import assert_conserved, gradients
+from spardl_jax.baselines import common, gtopk, oktopk, topkdsa
+from tests import formulas, harness, reference_baselines
 
 MODELS = {"topka": reference_baselines.topka, "topkdsa": reference_baselines.topkdsa,
           "gtopk": reference_baselines.gtopk}
@@ -28,14 +28,14 @@ def test_matches_numpy_model(name, p, density):
   state = harness.method_rows(p, n, method)
   rng = np.random.default_rng(p)
   for it in range(2):
-    xs = gradients(rng, p, n, heavy_tails=it == 1)
+    xs = harness.gradients(rng, p, n, heavy_tails=it == 1)
     rs = np.asarray(state.residual)
     ys, state = run(p, method, xs, state)
     want_y, want_rs = MODELS[name](xs, rs, density)
     np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
     np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(np.asarray(state.residual), want_rs, rtol=1e-6, atol=1e-6)
-    assert_conserved(xs, rs, ys, np.asarray(state.residual))
+    harness.assert_conserved(xs, rs, ys, np.asarray(state.residual))
     if density == 1:
       np.testing.assert_allclose(ys[0], (xs + rs).mean(0), rtol=1e-5, atol=1e-6)
 
@@ -43,10 +43,10 @@ def test_matches_numpy_model(name, p, density):
 def test_topkdsa_overflow_stays_in_the_residual_and_dense_gather():
   """A tiny capacity overflows (entries wait in the residual); a large one gathers dense."""
   p, n = 4, 1000
-  xs = gradients(np.random.default_rng(0), p, n)
+  xs = harness.gradients(np.random.default_rng(0), p, n)
   for capacity, dense in [(0.25, False), (8.0, True)]:
     method = sj.methods.make("topkdsa", density=0.2, capacity=capacity)
-    assert sj.topkdsa.sizes(p, n, method.config)[3] == dense
+    assert topkdsa.sizes(p, n, method.config)[3] == dense
     state = harness.method_rows(p, n, method)
     ys, state = run(p, method, xs, state)
     want_y, want_rs = reference_baselines.topkdsa(xs, np.zeros_like(xs), 0.2, capacity)
@@ -58,15 +58,15 @@ def test_topkdsa_overflow_stays_in_the_residual_and_dense_gather():
 def test_oktopk_conserves_and_agrees_on_every_device(p):
   n = 2000
   method = sj.methods.make("oktopk", density=0.05, tau=3, tau_regions=2)
-  k, c = sj.oktopk.capacity(p, n, method.config)
+  k, c = oktopk.capacity(p, n, method.config)
   state = harness.method_rows(p, n, method)
   rng = np.random.default_rng(p)
   for it in range(7):
-    xs = gradients(rng, p, n, heavy_tails=it % 2 == 1)
+    xs = harness.gradients(rng, p, n, heavy_tails=it % 2 == 1)
     rs = np.asarray(state.residual)
     ys, state = run(p, method, xs, state)
     np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
-    assert_conserved(xs, rs, ys, np.asarray(state.residual))
+    harness.assert_conserved(xs, rs, ys, np.asarray(state.residual))
     for leaf in (state.global_threshold, state.boundaries):
       np.testing.assert_array_equal(np.asarray(leaf), np.asarray(leaf)[:1].repeat(p, 0))
     bounds = np.asarray(state.boundaries)[0]
@@ -86,7 +86,7 @@ def test_oktopk_matches_numpy_model(p):
   want = reference_baselines.oktopk_init(p, n)
   rng = np.random.default_rng(p)
   for it in range(6):
-    xs = gradients(rng, p, n, heavy_tails=it % 2 == 1)
+    xs = harness.gradients(rng, p, n, heavy_tails=it % 2 == 1)
     ys, state = run(p, method, xs, state)
     want_y, want = reference_baselines.oktopk(xs, want, 0.05, **options)
     np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
@@ -101,7 +101,7 @@ def test_oktopk_with_exact_thresholds_is_pmean_at_density_one():
   state = harness.method_rows(p, n, method)
   rng = np.random.default_rng(0)
   for _ in range(3):
-    xs = gradients(rng, p, n)
+    xs = harness.gradients(rng, p, n)
     rs = np.asarray(state.residual)
     ys, state = run(p, method, xs, state)
     np.testing.assert_allclose(ys[0], (xs + rs).mean(0), rtol=1e-5, atol=1e-6)
@@ -110,39 +110,40 @@ def test_oktopk_with_exact_thresholds_is_pmean_at_density_one():
 
 @pytest.mark.parametrize("p", [2, 3, 6, 8])
 @pytest.mark.parametrize("name", ["dense", "topka", "topkdsa", "gtopk", "oktopk"])
-def test_hlo_traffic_equals_the_formula(name, p):
-  n = 3000
-  method = sj.methods.make(name) if name == "dense" else sj.methods.make(name, density=0.02)
-  hlo = sj.traffic.parse_hlo(harness.method_hlo(p, n, method))
-  want = method.formula(p, n, 4)
-  if name == "dense":
+def test_hlo_traffic_equals_the_cost_table(name, p):
+  n, density = 3000, 0.02
+  method = sj.methods.make(name) if name == "dense" else sj.methods.make(name, density=density)
+  hlo = harness.method_traffic(p, n, method)
+  if name == "dense":  # one XLA all-reduce of the whole gradient, nothing else
     assert hlo.rounds == 0 and [c.op for c in hlo.others] == ["all-reduce"]
     assert hlo.largest_other() == n
     return
   assert not hlo.others
-  assert hlo.rounds == want["rounds"]
   sent = [hlo.bytes_sent(d) for d in range(p)]
-  assert max(sent) == want["bytes"]
-  if "bytes_per_device" in want:
-    assert sent == want["bytes_per_device"]
-  else:
-    assert sent == [want["bytes"]] * p
+  if name == "gtopk":
+    assert sent == formulas.gtopk(p, n, density)
+    assert hlo.rounds == 2 * formulas.log(p)
+    return
+  want = getattr(formulas, name)(p, n, density)
+  assert hlo.rounds == want["rounds"]
+  assert sent == [want["bytes"]] * p
 
 
 def test_gtopk_bytes_per_device_follow_the_tree():
-  cost = sj.gtopk.formula(6, 1000, sj.gtopk.GTopkConfig(density=0.01))
+  """The code's own gTopk formula (used for SyncStats) agrees with the tree, rank by rank."""
   k_pair = 10 * 8
   # Ranks 0..5: 0 merges 1, 2, 4; 2 merges 3; 4 merges 5. A rank sends once up its edge
   # and once down each child's edge.
-  assert cost["bytes_per_device"] == [3 * k_pair, 1 * k_pair, 2 * k_pair, 1 * k_pair,
-                                      2 * k_pair, 1 * k_pair]
+  want = [3 * k_pair, 1 * k_pair, 2 * k_pair, 1 * k_pair, 2 * k_pair, 1 * k_pair]
+  assert formulas.gtopk(6, 1000, 0.01) == want
+  assert gtopk.formula(6, 1000, gtopk.GTopkConfig(density=0.01))["bytes_per_device"] == want
 
 
 def test_transformation_runs_every_method_and_reports_its_bytes():
-  from tests.test_transform import put_rows, update_fn
+  from tests.sync.test_transform import put_rows, update_fn
   p = 4
   params = {"w": jnp.zeros((50, 20))}
-  grads = {"w": jnp.asarray(gradients(np.random.default_rng(1), p, 1000).reshape(p, 50, 20))}
+  grads = {"w": jnp.asarray(harness.gradients(np.random.default_rng(1), p, 1000).reshape(p, 50, 20))}
   for name in ["topka", "topkdsa", "gtopk", "oktopk"]:
     tx = sj.sync_gradients(name, density=0.05)
     state = sj.init_opt_state(tx, params, harness.mesh(p))
@@ -170,7 +171,8 @@ def test_bad_input_is_caught_at_trace_time():
   method = sj.methods.make("gtopk", density=0.1)
   with pytest.raises(ValueError, match="gtopk_allreduce: the residual is"):
     jax.eval_shape(jax.shard_map(
-        lambda x: method.apply(x[0], sj.sparse.ResidualState(jnp.zeros(5)), "data")[0][None],
+        lambda x: method.apply(x[0], common.ResidualState(jnp.zeros(5)),
+                               axis_name="data")[0][None],
         mesh=harness.mesh(2), in_specs=jax.sharding.PartitionSpec("data"),
         out_specs=jax.sharding.PartitionSpec("data")), harness.put(2, jnp.zeros((2, 8))))
   with pytest.raises(TypeError):

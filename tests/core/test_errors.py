@@ -26,7 +26,7 @@ def test_init_state_checks():
   config = sj.SparDLConfig(density=0.1)
   with pytest.raises(ValueError, match="n must be a positive int"):
     sj.init_state(0, config)
-  with pytest.raises(TypeError, match="dtype must have a floating dtype"):
+  with pytest.raises(TypeError, match="dtype must have one of the dtypes"):
     sj.init_state(10, config, dtype=jnp.int32)
   assert sj.init_state(10, config).residual.shape == (10,)
 
@@ -43,8 +43,28 @@ CFG = sj.SparDLConfig(density=0.1)
 
 def test_non_float_x():
   x = jnp.arange(8, dtype=jnp.int32)
-  with pytest.raises(TypeError, match="x must have a floating dtype"):
-    call(2, x, sj.SparDLState(jnp.zeros(8, jnp.int32)), CFG)
+  with pytest.raises(TypeError, match=r"x must have one of the dtypes \('float32', 'bfloat16', "
+                                      r"'float16'\), got int32"):
+    call(2, x, sj.SparDLState(jnp.zeros(8, jnp.int32), sj.init_state(8, CFG).controller), CFG)
+
+
+def test_float64_rejected_with_the_reason():
+  """Selection keys are float32 bits: float64 would select inexactly, so it is refused."""
+  with pytest.raises(TypeError, match="float64 is rejected because selection keys are float32"):
+    sj.init_state(8, CFG, jnp.float64)
+  with jax.enable_x64(True):
+    x = jnp.zeros(8, jnp.float64)
+    state = sj.SparDLState(jnp.zeros(8, jnp.float64), sj.init_state(8, CFG).controller)
+    with pytest.raises(TypeError, match="spardl: x must have one of the dtypes"):
+      call(2, x, state, CFG)
+
+
+def test_state_without_controller_rejected():
+  """States come from init_state: one without its controller is refused, not restarted."""
+  with pytest.raises(TypeError, match="missing 1 required positional argument: 'controller'"):
+    sj.SparDLState(jnp.zeros(8))
+  with pytest.raises(TypeError, match="state must be a SparDLState from init_state.*controller is NoneType"):
+    call(2, jnp.zeros(8), sj.SparDLState(jnp.zeros(8), None), CFG)
 
 
 def test_x_not_flat():

@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 import spardl_jax as sj
 from tests import harness, reference
-from tests.test_allreduce import assert_conserved
 
 
 @st.composite
@@ -38,4 +37,4 @@ def test_random_cases_match_model_and_conserve_mass(case):
   np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
   np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(new_rs, want_rs, rtol=1e-6, atol=1e-6)
-  assert_conserved(xs, rs, ys, new_rs)
+  harness.assert_conserved(xs, rs, ys, new_rs)

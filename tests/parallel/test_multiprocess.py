@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import spardl_jax as sj
-from spardl_jax import launch
+from spardl_jax.parallel import launch
 from tests import harness, mp_worker
 
 WORKER = os.path.join(os.path.dirname(__file__), "mp_worker.py")
@@ -51,12 +51,12 @@ def test_training_over_processes_matches_one_process(tmp_path):
   code, log = run_job("train", tmp_path)
   assert code == 0, log
   saved = load(tmp_path)
-  from train import input_pipeline
+  from train import data
   from train.config import TrainConfig, Variant
   from train.train import make_mesh, train_and_evaluate
   cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=4, epochs=2,
                     batch_size=64)
-  ds, reads = mp_worker.recording(input_pipeline.load("digits"))
+  ds, reads = mp_worker.recording(data.load("digits"))
   result = train_and_evaluate(cfg, Variant("spardl", "spardl", {"density": 0.05}), ds,
                               make_mesh(4), progress=False)
   # Each process read only its half of every global batch: rank 0 the first 32 rows (its

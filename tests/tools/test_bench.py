@@ -1,6 +1,7 @@
 """Smoke tests of the benchmark (tiny sizes; they assert what is measured, never wall time)."""
 
-from spardl_jax import bench
+from spardl_jax.tools import bench
+from tests import formulas
 
 
 def test_bench_rows_report_hlo_traffic_equal_to_formula():
@@ -9,6 +10,7 @@ def test_bench_rows_report_hlo_traffic_equal_to_formula():
   rows = bench.run(args)
   assert [r["n"] for r in rows] == [1000, 2001]
   for r in rows:
+    assert r["hlo_bytes_per_device"] == formulas.spardl(3, r["n"], 0.05)["bytes"]
     assert r["hlo_bytes_per_device"] == r["formula_bytes"]
     assert r["hlo_rounds"] == r["formula_rounds"] == 4
     assert r["other_collectives"] == []
@@ -17,7 +19,8 @@ def test_bench_rows_report_hlo_traffic_equal_to_formula():
 
 
 def test_bench_sweeps_every_team_count_and_marks_the_model_pick():
-  args = bench._parse_args(["--devices", "6", "--n", "3000", "--teams", "all", "--repeats",
+  # A small n keeps B-SAG's ladder short (d = 6: h in 1..6), so the compiles are quick.
+  args = bench._parse_args(["--devices", "6", "--n", "600", "--teams", "all", "--repeats",
                             "1", "--methods", "spardl"])
   rows = bench.run(args)
   assert [r["method"] for r in rows] == ["spardl", "spardl d=2 (R-SAG)", "spardl d=3 (B-SAG)",
@@ -34,7 +37,12 @@ def test_bench_all_methods_side_by_side(tmp_path):
   args = bench._parse_args(["--devices", "4", "--n", "4000", "--repeats", "1", "--out",
                             str(tmp_path)])
   rows = bench.run(args)
-  assert [r["method"] for r in rows] == bench.ALL_METHODS
+  assert [r["method"] for r in rows] == list(bench.METHODS)
+  by_name = {r["method"]: r for r in rows}
+  # Dense: the all-reduce's measured operand (n float32) through a ring, 2 (P - 1) / P of it.
+  assert by_name["dense"]["hlo_bytes_per_device"] == 2 * 3 * 4000 * 4 // 4
+  assert by_name["spardl"]["hlo_bytes_per_device"] == formulas.spardl(4, 4000, 0.01)["bytes"]
+  assert by_name["topka"]["hlo_bytes_per_device"] == formulas.topka(4, 4000, 0.01)["bytes"]
   for r in rows:
     assert r["hlo_bytes_per_device"] == r["formula_bytes"], r["method"]
     assert r["hlo_rounds"] == r["formula_rounds"], r["method"]

@@ -3,14 +3,16 @@ masking, per-process rows, and clear errors for data that is not there."""
 
 import time
 
+import grain
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from spardl_jax.data_parallel import process_rows
+from spardl_jax.parallel.rows import process_rows
 from tests import data_files
-from train import corpora, input_pipeline, text, tfds_data
-from train.input_pipeline import Request
+from train import data, input_pipeline
+from train.data import corpora, text, tfds_data
+from train.data.types import Request
 from train.train import check_model_data, make_mesh
 
 
@@ -36,7 +38,7 @@ TFDS_CASES = [
 @pytest.mark.parametrize("name,req,x_shape,x_dtype,y_shape,task", TFDS_CASES)
 def test_tfds_loaders_on_mock_data(tmp_path, name, req, x_shape, x_dtype, y_shape, task):
   with tfds.testing.mock_data(num_examples=6, data_dir=str(tmp_path)):
-    ds = input_pipeline.load(name, Request(**{**req.__dict__, "data_dir": str(tmp_path)}))
+    ds = data.load(name, Request(**{**req.__dict__, "data_dir": str(tmp_path)}))
     x, y, w = first(ds.train)
     xt, yt, wt = first(ds.test)
   assert ds.task == task and len(ds.train) == len(ds.test) == 6
@@ -60,15 +62,15 @@ def test_tfds_not_prepared_is_a_clear_error_not_a_hang(tmp_path):
   start = time.monotonic()
   with pytest.raises(tfds_data.NotPreparedError,
                      match=r"cifar10 is not prepared under --data-dir .*download_and_prepare"):
-    input_pipeline.load("cifar10", Request(data_dir=str(tmp_path)))
+    data.load("cifar10", Request(data_dir=str(tmp_path)))
   with pytest.raises(tfds_data.NotPreparedError, match="needs --data-dir"):
-    input_pipeline.load("imdb_reviews", Request())
+    data.load("imdb_reviews", Request())
   assert time.monotonic() - start < 30
 
 
 def test_ptb_from_text_files(tmp_path):
   data_files.write_ptb(tmp_path)
-  ds = input_pipeline.load("ptb", Request(objective="lm", seq_len=4, data_dir=str(tmp_path)))
+  ds = data.load("ptb", Request(objective="lm", seq_len=4, data_dir=str(tmp_path)))
   words = " ".join(data_files.PTB_TRAIN).split()
   # Vocabulary: the specials, then every training word and <eos> (PTB's <unk> is ours).
   assert ds.info["vocab_size"] == 3 + len(set(words) - {"<unk>"}) + 1
@@ -80,12 +82,12 @@ def test_ptb_from_text_files(tmp_path):
   assert np.all(w == 1)
   assert (x == text.UNK).sum() == 1  # the one <unk> of the training text
   with pytest.raises(FileNotFoundError, match="ptb.train.txt .*simple-examples"):
-    input_pipeline.load("ptb", Request(objective="lm", data_dir=str(tmp_path / "none")))
+    data.load("ptb", Request(objective="lm", data_dir=str(tmp_path / "none")))
 
 
 def test_house_montages_and_normalized_prices(tmp_path):
   prices = data_files.write_house(tmp_path, houses=10)
-  ds = input_pipeline.load("house", Request(data_dir=str(tmp_path)))
+  ds = data.load("house", Request(data_dir=str(tmp_path)))
   assert ds.task == "regress" and ds.metric == "mae"
   assert (len(ds.train), len(ds.test)) == (8, 2)
   x, y, w = first(ds.train, 8)
@@ -96,19 +98,19 @@ def test_house_montages_and_normalized_prices(tmp_path):
   ratio = np.concatenate([y, yt]) / np.concatenate([y, yt]).min()
   np.testing.assert_allclose(np.sort(ratio), np.sort(prices / prices.min()), rtol=1e-5)
   with pytest.raises(FileNotFoundError, match="HousesInfo.txt"):
-    input_pipeline.load("house", Request(data_dir=str(tmp_path / "none")))
+    data.load("house", Request(data_dir=str(tmp_path / "none")))
 
 
 def test_shakespeare_is_offline_character_text():
-  train, test = corpora.shakespeare()
+  train, test = corpora.shakespeare_text()
   assert len(train) > 4_000_000 and len(test) > 200_000
   assert "To be, or not to be" in train + test and "**" not in train
-  ds = input_pipeline.load("shakespeare", Request(objective="lm", seq_len=64))
+  ds = data.load("shakespeare", Request(objective="lm", seq_len=64))
   assert ds.info["vocab_size"] < 128
   x, y, _ = first(ds.test)
   assert x.shape == y.shape == (4, 64)
   with pytest.raises(ValueError, match="shakespeare is a text corpus"):
-    input_pipeline.load("shakespeare", Request())
+    data.load("shakespeare", Request())
 
 
 def test_mlm_masks_are_bert_like_and_repeatable():
@@ -131,7 +133,7 @@ def test_mlm_masks_are_bert_like_and_repeatable():
 
 
 def test_batches_cover_the_data_in_one_process():
-  ds = input_pipeline.load("digits")
+  ds = data.load("digits")
   mesh = make_mesh(4)
   assert process_rows(64, mesh, "data") == slice(0, 64)
   with pytest.raises(ValueError, match=r"batch rows \(62\) must be a multiple"):
@@ -147,6 +149,23 @@ def test_batches_cover_the_data_in_one_process():
   assert weights.sum() == len(ds.test) and len(weights) % 64 == 0
 
 
+def test_the_iterator_resumes_mid_epoch_exactly():
+  """Grain's iterator state taken after any step, set on a fresh iterator of the same epoch,
+  repeats the rest of the epoch bit for bit."""
+  ds = data.load("digits")
+  mesh = make_mesh(2)
+  whole = list(input_pipeline.train_batches(ds.train, 64, mesh, "data", seed=3, epoch=2))
+  first = input_pipeline.train_batches(ds.train, 64, mesh, "data", seed=3, epoch=2)
+  for _ in range(5):
+    next(first)
+  rest = list(input_pipeline.train_batches(ds.train, 64, mesh, "data", seed=3, epoch=2,
+                                           state=first.get_state()))
+  assert len(rest) == len(whole) - 5
+  for got, want in zip(rest, whole[5:]):
+    for a, b in zip(got, want):
+      np.testing.assert_array_equal(a, b)
+
+
 def test_model_and_dataset_must_fit():
   with pytest.raises(ValueError, match=r"--model vgg16 reads image data; --dataset must be "
                                        r"one of \['cifar10', 'cifar100', 'digits', 'house'"):
@@ -159,12 +178,13 @@ def test_model_and_dataset_must_fit():
 def test_cifar_training_batches_are_cropped_and_flipped(tmp_path):
   mesh = make_mesh(2)
   with tfds.testing.mock_data(num_examples=8, data_dir=str(tmp_path)):
-    ds = input_pipeline.load("cifar10", Request(data_dir=str(tmp_path)))
+    ds = data.load("cifar10", Request(data_dir=str(tmp_path)))
     assert ds.train.augment is not None and ds.test.augment is None
     plain = ds.train.take(np.arange(8))[0]
     epochs = [np.concatenate([x for x, _, _ in input_pipeline.train_batches(
         ds.train, 8, mesh, "data", seed=0, epoch=e)]) for e in (1, 1, 2)]
-  order = np.random.default_rng([0, 1]).permutation(8)
+  # The epoch's example order: Grain's shuffle with the epoch's seed.
+  order = list(grain.MapDataset.range(8).shuffle(seed=input_pipeline.epoch_seed(0, 1)))
   x = epochs[0]
   np.testing.assert_array_equal(x, epochs[1])  # a function of (seed, epoch, index)
   assert not np.array_equal(x, epochs[2])

@@ -13,7 +13,8 @@ from jax.sharding import PartitionSpec as P
 
 from models import create
 import spardl_jax as sj
-from spardl_jax import traffic
+from spardl_jax.parallel.rows import shard_rows
+from spardl_jax.tools import traffic
 from train import input_pipeline, main
 from train.config import TrainConfig, Variant
 from train.train import compile_steps, create_train_state, make_mesh, make_optimizer, \
@@ -24,7 +25,7 @@ SPARDL = Variant("spardl", "spardl", {"density": 0.01})
 
 @pytest.fixture(scope="module")
 def digits():
-  return input_pipeline.load("digits")
+  return data.load("digits")
 
 
 def compiled_train_step(cfg, ds, variant):
@@ -34,7 +35,7 @@ def compiled_train_step(cfg, ds, variant):
   state, specs = create_train_state(jax.random.key(0), model, tx,
                                     ds.train.take(np.arange(1))[0], mesh, "data")
   train, _ = compile_steps(model, tx, mesh, specs, "data")
-  batch = sj.data_parallel.shard_rows(
+  batch = shard_rows(
       next(input_pipeline.train_batches(ds.train, cfg.batch_size, mesh, "data", seed=0,
                                         epoch=1)), mesh, local=True)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
@@ -165,7 +166,7 @@ def test_every_task_trains(tmp_path, model, dataset, seq_len):
   cfg = TrainConfig(model=model, model_size="tiny", dataset=dataset, devices=4, epochs=2,
                     batch_size=16, steps_per_epoch=8, eval_steps=4, seq_len=seq_len,
                     data_dir=str(tmp_path), lr=0.002 if dataset == "house" else 0.05)
-  ds = input_pipeline.load(dataset, data_request(cfg))
+  ds = data.load(dataset, data_request(cfg))
   result = train_and_evaluate(cfg, SPARDL, ds, make_mesh(4), progress=False)
   first, last = result.history
   assert 0 < result.bytes_per_step < 4 * result.num_params / 10

@@ -1,0 +1,78 @@
+"""The per-worker cost of every all-reduce, written once for the tests from the cost table of
+docs/design.md (the paper's Table 1 made exact for our message formats), independently of
+spardl_jax's own formulas: the traffic tests hold the compiled HLO to these numbers.
+
+A pair is an int32 offset plus a value (``4 + value_bytes`` bytes). ``log`` is ceil(log2).
+"""
+
+import math
+
+
+def log(x: int) -> int:
+  return math.ceil(math.log2(x)) if x > 1 else 0
+
+
+def kb(n: int, q: int, density: float) -> int:
+  """Entries kept per block: m = ceil(n / Q), kb = min(m, max(1, ceil(density m)))."""
+  m = math.ceil(n / q)
+  return min(m, max(1, math.ceil(density * m)))
+
+
+def k(n: int, density: float) -> int:
+  """Entries a whole-vector top-k keeps."""
+  return min(n, max(1, math.ceil(density * n)))
+
+
+def spardl(p: int, n: int, density: float, *, teams: int = 1, sag: str = "recursive",
+           h: int | None = None, value_bytes: int = 4) -> dict:
+  """SRS + (SAG) + Bruck: rounds, bytes and elements (4-byte words) one worker sends."""
+  q = p // teams
+  kb_ = kb(n, q, density)
+  pairs, words, rounds = 2 * kb_ * (q - 1), 0, 2 * log(q)
+  if teams > 1 and sag == "recursive":
+    rounds += int(math.log2(teams))
+    pairs += kb_ * int(math.log2(teams))
+  elif teams > 1:  # B-SAG: top-h across the teams, and the count word in the final gather
+    rounds += log(teams)
+    pairs += h * (teams - 1)
+    words = q - 1
+  pair = 4 + value_bytes
+  return {"kb": kb_, "rounds": rounds, "bytes": pairs * pair + 4 * words,
+          "elements": pairs * pair // 4 + words}
+
+
+def topka(p: int, n: int, density: float, value_bytes: int = 4) -> dict:
+  """All-gather of every worker's top-k: log P rounds, k pairs to each of P - 1 workers."""
+  return {"rounds": log(p), "bytes": k(n, density) * (p - 1) * (4 + value_bytes)}
+
+
+def topkdsa(p: int, n: int, density: float, capacity: float = 2.0,
+            value_bytes: int = 4) -> dict:
+  """Split (P - 1 direct rounds of c pairs) then a Bruck gather of each region, sparse
+  (P c pairs) or dense (the region's values) whichever is smaller."""
+  k_ = k(n, density)
+  region = math.ceil(n / p)
+  c = max(1, min(region, k_, math.ceil(capacity * k_ / p)))
+  pair = 4 + value_bytes
+  dense = 2 * p * c >= region
+  gather = region * value_bytes if dense else p * c * pair
+  return {"rounds": (p - 1) + log(p), "bytes": (p - 1) * (c * pair + gather)}
+
+
+def gtopk(p: int, n: int, density: float, value_bytes: int = 4) -> list[int]:
+  """Bytes per rank: k pairs up and k pairs back down every tree edge the rank is on (round
+  j pairs sender w, w mod 2^(j+1) = 2^j, with receiver w - 2^j)."""
+  edges = [0] * p
+  for j in range(log(p)):
+    for w in range(p):
+      if w % 2 ** (j + 1) == 2 ** j:
+        edges[w] += 1
+        edges[w - 2 ** j] += 1
+  return [e * k(n, density) * (4 + value_bytes) for e in edges]
+
+
+def oktopk(p: int, n: int, density: float, capacity: float = 2.0,
+           value_bytes: int = 4) -> dict:
+  """P - 1 direct rounds of c pairs, then a Bruck gather of c pairs per worker."""
+  c = max(1, min(n, math.ceil(capacity * k(n, density) / p)))
+  return {"rounds": (p - 1) + log(p), "bytes": (p - 1) * 2 * c * (4 + value_bytes)}
