@@ -17,7 +17,7 @@ def _free_compiled_programs():
   yield
   from tests import harness
   harness.compiled.cache_clear()
-  harness.executable.cache_clear()
+  harness._executable.cache_clear()
   harness.compiled_method.cache_clear()
   jax.clear_caches()
   gc.collect()

@@ -24,10 +24,14 @@ def compiled(p, config):
   return sj.sharded_allreduce(config, mesh(p), AXIS)
 
 
-@functools.lru_cache(maxsize=None)
 def executable(p, n, config, dtype=jnp.float32):
   """The compiled program for (P, n) gradients of ``dtype``: one compilation serves both the
   numbers (calling it) and the traffic (its HLO text)."""
+  return _executable(p, n, config, np.dtype(dtype))  # one cache key per dtype, however named
+
+
+@functools.lru_cache(maxsize=None)
+def _executable(p, n, config, dtype):
   return _lower(compiled(p, config), sj.methods.spardl(config), p, n, dtype).compile()
 
 

@@ -7,16 +7,45 @@ import argparse
 import dataclasses
 import logging
 import os
+import sys
 
 import jax
 
 from models import MODELS, describe
+from spardl_jax.sync import methods
 from spardl_jax.sync.methods import parse_teams
 from train.config import TrainConfig, parse_variant
 from train.data import DATASETS
 
 log = logging.getLogger("train")
 SIMULATED_DEVICES = 8  # a single CPU process without --devices simulates this many
+
+
+class UsageError(ValueError):
+  """A flag value the trainer cannot run with; printed as one line (``--debug``: a trace)."""
+
+
+def _bounded(kind, low, *, above: bool = False, what: str = ""):
+  """An argparse type: ``kind`` values ``>= low`` (``> low`` with ``above``) and finite."""
+  def parse(text):
+    try:
+      value = kind(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{text!r} is not {what or kind.__name__}") from None
+    if value != value or value in (float("inf"), float("-inf")) or value < low or (
+        above and value == low):
+      raise argparse.ArgumentTypeError(
+          f"must be {'>' if above else '>='} {low}{' and finite' if kind is float else ''}, "
+          f"got {text}")
+    return value
+  parse.__name__ = what or kind.__name__
+  return parse
+
+
+POSITIVE_INT = _bounded(int, 1, what="a positive int")
+NON_NEGATIVE_INT = _bounded(int, 0, what="an int >= 0")
+POSITIVE_FLOAT = _bounded(float, 0.0, above=True, what="a positive number")
+NON_NEGATIVE_FLOAT = _bounded(float, 0.0, what="a number >= 0")
 
 
 def _parse_args(argv):
@@ -35,9 +64,9 @@ def _parse_args(argv):
   p.add_argument("--data-dir", default=d.data_dir,
                  help="prepared data: the TFDS data directory, the PTB text files, or the "
                       "House dataset")
-  p.add_argument("--seq-len", type=int, default=d.seq_len,
+  p.add_argument("--seq-len", type=POSITIVE_INT, default=d.seq_len,
                  help="tokens per example for text (default: the model's, e.g. 35 for PTB)")
-  p.add_argument("--image-size", type=int, default=d.image_size,
+  p.add_argument("--image-size", type=POSITIVE_INT, default=d.image_size,
                  help="ImageNet crop side (default: %(default)s)")
   p.add_argument("--method", default=None,
                  help="one gradient sync to train with, e.g. spardl or dense; overrides --compare")
@@ -45,39 +74,41 @@ def _parse_args(argv):
                  help="comma list of methods to run on the same data and seed, each "
                       "method[:key=value...], e.g. 'dense,spardl,spardl:density=0.001,"
                       "spardl:residuals=local' (default: %(default)s)")
-  p.add_argument("--density", type=float, default=0.01, help="SparDL density (default 0.01)")
+  p.add_argument("--density", type=POSITIVE_FLOAT, default=0.01, help="SparDL density (default 0.01)")
   p.add_argument("--teams", type=parse_teams, default=1,
                  help="SparDL teams d, or 'auto' for the alpha-beta model's pick (default 1)")
   p.add_argument("--sag", default="auto", choices=["auto", "recursive", "bruck"],
                  help="Spar-All-Gather for teams > 1 (default: R-SAG when d is a power of two)")
   p.add_argument("--residuals", default="global", choices=["global", "local", "none"])
-  p.add_argument("--devices", type=int, default=d.devices,
+  p.add_argument("--devices", type=POSITIVE_INT, default=d.devices,
                  help="devices on the data axis (default: all devices of the job; in one "
                       "CPU process, 8 simulated devices)")
-  p.add_argument("--epochs", type=int, default=d.epochs)
-  p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch size")
-  p.add_argument("--steps-per-epoch", type=int, default=d.steps_per_epoch,
+  p.add_argument("--epochs", type=POSITIVE_INT, default=d.epochs)
+  p.add_argument("--batch-size", type=POSITIVE_INT, default=d.batch_size, help="global batch size")
+  p.add_argument("--steps-per-epoch", type=POSITIVE_INT, default=d.steps_per_epoch,
                  help="cap on train steps per epoch (default: one pass over the data)")
-  p.add_argument("--eval-steps", type=int, default=d.eval_steps,
+  p.add_argument("--eval-steps", type=POSITIVE_INT, default=d.eval_steps,
                  help="cap on test batches per evaluation (default: the whole test set)")
-  p.add_argument("--lr", type=float, default=d.lr)
+  p.add_argument("--lr", type=POSITIVE_FLOAT, default=d.lr)
   p.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adamw"],
                  help="applied to the synchronized gradient (default: %(default)s)")
-  p.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
-  p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW decay")
+  p.add_argument("--momentum", type=NON_NEGATIVE_FLOAT, default=d.momentum, help="SGD momentum")
+  p.add_argument("--weight-decay", type=NON_NEGATIVE_FLOAT, default=d.weight_decay, help="AdamW decay")
   p.add_argument("--seed", type=int, default=d.seed)
   p.add_argument("--out", default=d.out, help="directory for metrics and the plot")
   p.add_argument("--checkpoint", action="store_true",
                  help="save the train state (residuals included) after every epoch under "
                       "OUT/checkpoints/METHOD and resume from there when present")
-  p.add_argument("--data-workers", type=int, default=d.data_workers,
+  p.add_argument("--data-workers", type=NON_NEGATIVE_INT, default=d.data_workers,
                  help="Grain worker processes that read and decode training batches "
                       "(default: %(default)s, one reader thread)")
-  p.add_argument("--log-every", type=int, default=d.log_every,
+  p.add_argument("--log-every", type=POSITIVE_INT, default=d.log_every,
                  help="steps between fetches of the metrics from the devices (default: "
                       "%(default)s; each epoch's end fetches too)")
   p.add_argument("--no-progress", action="store_true",
                  help="no progress bar or step lines (a bar appears only on a terminal)")
+  p.add_argument("--debug", action="store_true",
+                 help="on an error, print the full traceback instead of one line")
   p.add_argument("--distributed", action="store_true",
                  help="join a multi-host job detected by jax.distributed.initialize() "
                       "(SLURM, Open MPI, ...); python -m spardl_jax.launch needs no flag")
@@ -85,10 +116,42 @@ def _parse_args(argv):
 
 
 def main(argv=None) -> int:
+  """Runs the trainer; a bad flag, dataset or checkpoint is one line on stderr (exit 2)."""
   args = _parse_args(argv)
+  try:
+    return run(args)
+  except (UsageError, ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as error:
+    if args.debug:
+      raise
+    print(f"python -m train: error: {error}", file=sys.stderr)
+    return 2
+
+
+def _variants(args) -> tuple:
+  """Every ``--compare`` variant, parsed and built now, so a bad one fails before any
+  training."""
+  texts = [args.method] if args.method else [t for t in args.compare.split(",") if t]
+  if not texts:
+    raise UsageError("--compare needs at least one method, e.g. 'dense,spardl'.")
+  variants = []
+  for text in texts:
+    variant = parse_variant(text, density=args.density, teams=args.teams, sag=args.sag,
+                            residuals=args.residuals)
+    try:
+      methods.make(variant.method, **variant.options)
+    except (ValueError, TypeError) as error:
+      raise UsageError(f"--compare {text!r}: {error}") from None
+    variants.append(variant)
+  return tuple(variants)
+
+
+def run(args) -> int:
   if args.describe:
     print(describe(args.model, args.model_size))
     return 0
+  if args.momentum >= 1:
+    raise UsageError(f"--momentum must be in [0, 1), got {args.momentum}.")
+  variants = _variants(args)
   logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
   log.setLevel(logging.INFO)
   from spardl_jax import distributed
@@ -103,9 +166,6 @@ def main(argv=None) -> int:
   from train import data, report
   from train.train import check_model_data, data_request, make_mesh, train_and_evaluate
 
-  texts = [args.method] if args.method else args.compare.split(",")
-  variants = tuple(parse_variant(t, density=args.density, teams=args.teams, sag=args.sag,
-                                 residuals=args.residuals) for t in texts)
   cfg = TrainConfig(model=args.model, model_size=args.model_size, dataset=args.dataset,
                     variants=variants, devices=args.devices, epochs=args.epochs,
                     batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
@@ -116,6 +176,9 @@ def main(argv=None) -> int:
                     log_every=args.log_every, data_workers=args.data_workers)
   check_model_data(cfg.model, cfg.dataset)
   mesh = make_mesh(cfg.devices)
+  if cfg.batch_size % mesh.size:
+    raise UsageError(f"--batch-size ({cfg.batch_size}) must be a multiple of the "
+                     f"{mesh.size} devices.")
   ds = data.load(cfg.dataset, data_request(cfg))
   log.info("%s: %d train / %d test examples; %s on %d %s devices; methods: %s", ds.name,
            len(ds.train), len(ds.test), cfg.model, mesh.size,

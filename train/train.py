@@ -52,8 +52,9 @@ class TrainState:
 
 class StepMetrics(NamedTuple):
   """One train step's global mean loss and metric (accuracy, or MAE for regression) over
-  its batch, and the bytes a device sent in its gradient sync (mean over devices); float32
-  scalars, kept on the device until the loop fetches a whole log interval at once."""
+  its batch (float32 scalars), and the bytes each device sent in its gradient sync (``(P,)``
+  float32, one per device, read from the sync's statistics without communication); kept on
+  the device until the loop fetches a whole log interval at once."""
 
   loss: jax.Array
   metric: jax.Array
@@ -182,11 +183,11 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
   params = optax.apply_updates(state.params, updates)
   # Batch-norm statistics are averaged so they stay replicated (a few values per channel).
   model_state = jax.lax.pmean(model_state, axis_name)
-  sent = sj.sync_stats(opt_state).bytes_sent[0]
-  sums = jax.lax.psum(jnp.stack([loss / size, metric / total, sent / size]), axis_name)
+  sums = jax.lax.psum(jnp.stack([loss / size, metric / total]), axis_name)
   return (state.replace(step=state.step + 1, params=params, model_state=model_state,
                         opt_state=opt_state),
-          StepMetrics(loss=sums[0], metric=sums[1], bytes_sent=sums[2]))
+          StepMetrics(loss=sums[0], metric=sums[1],
+                      bytes_sent=sj.sync_stats(opt_state).bytes_sent))
 
 
 def eval_step(state: TrainState, batch, *, model: nn.Module, axis_name: str,
@@ -206,7 +207,8 @@ def compile_steps(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.
   train = jax.jit(jax.shard_map(
       functools.partial(train_step, model=model, tx=tx, axis_name=axis_name, task=task,
                         seed=seed),
-      mesh=mesh, in_specs=(specs, rows), out_specs=(specs, PartitionSpec()), check_vma=False))
+      mesh=mesh, in_specs=(specs, rows),
+      out_specs=(specs, StepMetrics(PartitionSpec(), PartitionSpec(), rows)), check_vma=False))
   evaluate = jax.jit(jax.shard_map(
       functools.partial(eval_step, model=model, axis_name=axis_name, task=task), mesh=mesh,
       # Without the check: scans (LSTMs) start from unvarying zero carries on varying data.
@@ -374,7 +376,8 @@ class _Loop:
   def _drain(self, epoch: int, *, announce: bool = True) -> None:
     if not self.pending:
       return
-    rows = np.array([[_host(m.loss), _host(m.metric), _host(m.bytes_sent)]
+    # Bytes: the first device's (the most any device sends, for gTopk's root).
+    rows = np.array([[_host(m.loss), _host(m.metric), _host(m.bytes_sent)[0]]
                      for m in self.pending], np.float64)
     now = time.perf_counter()
     if not self.wait_each_step:

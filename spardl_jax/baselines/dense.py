@@ -23,6 +23,7 @@ class Dense:
   name: ClassVar[str] = "dense"
   summary: ClassVar[str] = "pmean (ring all-reduce)"
   Config: ClassVar[None] = None
+  nonfinite_reaches_result: ClassVar[bool] = True  # a sum with a NaN or inf is not finite
   config: None = None
 
   def init(self, *, n: int, dtype, p: int) -> tuple:

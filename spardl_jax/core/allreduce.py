@@ -325,6 +325,9 @@ class SparDL:
   name: ClassVar[str] = "spardl"
   summary: ClassVar[str] = "SparDL (SRS + SAG + Bruck + GRES)"
   Config: ClassVar[type] = SparDLConfig
+  # Every selection (SRS, own block, R-SAG merges, B-SAG's top-h with h >= 1) keeps the
+  # largest keys first, and NaN/inf keys are the largest: they always reach y.
+  nonfinite_reaches_result: ClassVar[bool] = True
   config: SparDLConfig
 
   def init(self, *, n: int, dtype, p: int) -> SparDLState:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Literal
+
+import numpy as np
 
 Residuals = Literal["global", "local", "none"]
 RESIDUAL_MODES = ("global", "local", "none")
@@ -57,6 +60,9 @@ class SparDLConfig:
   def __post_init__(self):
     check_density(self)
     teams = self.teams
+    if isinstance(teams, np.integer) and not isinstance(teams, np.bool_):
+      teams = int(teams)
+      object.__setattr__(self, "teams", teams)
     if teams != "auto" and (isinstance(teams, bool) or not isinstance(teams, int) or teams < 1):
       raise ValueError(
           f"SparDLConfig: teams must be a positive int that divides the number "
@@ -71,7 +77,7 @@ class SparDLConfig:
     if self.residuals not in RESIDUAL_MODES:
       raise ValueError(f"SparDLConfig: residuals must be one of {RESIDUAL_MODES}, got "
                        f"{self.residuals!r}.")
-    object.__setattr__(self, "density", float(self.density))
+    object.__setattr__(self, "density", as_float(self.density))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,12 +91,13 @@ class DensityConfig:
 
   def __post_init__(self):
     check_density(self)
+    object.__setattr__(self, "density", as_float(self.density))
 
 
 def check_density(config) -> None:
   """Raises a clear error unless ``config.density`` is a number in (0, 1]."""
   name, density = type(config).__name__, config.density
-  if isinstance(density, bool) or not isinstance(density, (int, float)):
+  if isinstance(density, (bool, np.bool_)) or not isinstance(density, numbers.Real):
     raise TypeError(f"{name}: density must be a float in (0, 1], got {density!r} of type "
                     f"{type(density).__name__}.")
   if not (0.0 < float(density) <= 1.0):  # also rejects NaN
@@ -98,11 +105,20 @@ def check_density(config) -> None:
                      f"got {density!r}.")
 
 
-def check_positive(config, name: str, kind=(int, float)) -> None:
-  """Raises a clear error unless ``config.<name>`` is a positive number of type ``kind``."""
+def check_positive(config, name: str, kind=numbers.Real) -> None:
+  """Raises a clear error unless ``config.<name>`` is a positive number of type ``kind``
+  (NumPy scalars count: ``np.float32(0.1)`` is a real, ``np.int64(4)`` an integral), and
+  stores it as the plain Python number."""
   value = getattr(config, name)
-  if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, kind) or not value > 0:
     raise ValueError(f"{type(config).__name__}: {name} must be positive, got {value!r}.")
+  object.__setattr__(config, name, int(value) if kind is numbers.Integral else as_float(value))
+
+
+def as_float(value) -> float:
+  """A real number as a Python float; a NumPy float by its shortest decimal form, so
+  ``np.float32(0.1)`` is 0.1 (not 0.10000000149...: ``kb`` would round differently)."""
+  return float(str(value)) if isinstance(value, np.floating) else float(value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,12 +23,17 @@ class AllReduce(Protocol):
     name: the registry name (``'spardl'``, ``'dense'``, ...).
     summary: one line for tables and ``--help``.
     Config: the options class (a frozen dataclass) or None when there are no options.
+    nonfinite_reaches_result: True when a NaN or inf in any device's input (gradient plus
+      state) always reaches the result (as when every selection ranks them above finite
+      values and nothing is held back for capacity): the result, bit-identical everywhere,
+      then tells every device about it with no extra communication.
     config: an instance of ``Config`` (or None).
   """
 
   name: ClassVar[str]
   summary: ClassVar[str]
   Config: ClassVar[type | None]
+  nonfinite_reaches_result: ClassVar[bool]
   config: Any
 
   def init(self, *, n: int, dtype: Any, p: int) -> Any:
@@ -54,7 +59,8 @@ _REGISTRY: dict[str, type] = {}
 
 def register(cls: Method) -> Method:
   """Class decorator: adds an :class:`AllReduce` implementation under ``cls.name``."""
-  for attribute in ("name", "summary", "Config", "init", "apply", "stats", "formula"):
+  for attribute in ("name", "summary", "Config", "nonfinite_reaches_result", "init", "apply",
+                    "stats", "formula"):
     if not hasattr(cls, attribute):
       raise TypeError(f"register: {cls.__name__} lacks {attribute!r} of the AllReduce protocol.")
   if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:

@@ -59,7 +59,17 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
   """Runs ``command`` as ``processes`` ranks of one job; returns the job's exit code.
 
   0 when every rank exits 0; otherwise the first failing rank's code (124 on timeout).
+
+  Raises:
+    ValueError: for ``processes`` or ``devices_per_process`` below 1, or a ``timeout`` that
+      is not a positive finite number of seconds.
   """
+  if processes < 1 or devices_per_process < 1:
+    raise ValueError(f"launch: processes and devices_per_process must be >= 1, got "
+                     f"{processes} and {devices_per_process}.")
+  if timeout is not None and not 0 < timeout < float("inf"):
+    raise ValueError(f"launch: timeout must be a positive, finite number of seconds, got "
+                     f"{timeout!r}.")
   out = out or sys.stdout
   coordinator = f"{host}:{free_port()}"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -108,11 +118,14 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--processes", type=int, required=True)
   parser.add_argument("--devices-per-process", type=int, default=1)
-  parser.add_argument("--timeout", type=float, default=None, help="seconds for the whole job")
+  parser.add_argument("--timeout", type=float, default=None,
+                      help="seconds for the whole job (positive and finite; default: none)")
   args = parser.parse_args(argv[:split])
   command = argv[split + 1:]
   if args.processes < 1 or args.devices_per_process < 1 or not command:
     parser.error("--processes and --devices-per-process must be >= 1, and a command is needed")
+  if args.timeout is not None and not 0 < args.timeout < float("inf"):
+    parser.error(f"--timeout must be a positive, finite number of seconds, got {args.timeout}")
   return launch(command, processes=args.processes,
                 devices_per_process=args.devices_per_process, timeout=args.timeout)
 

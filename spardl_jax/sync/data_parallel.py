@@ -31,6 +31,13 @@ def _specs(state, axis_name: str):
   per_device = PartitionSpec(axis_name)
 
   def spec(node):
+    if isinstance(node, optax.ApplyIfFiniteState) and _contains_sync(node.inner_state):
+      raise ValueError(
+          "opt_state_specs: optax.apply_if_finite wraps a gradient sync. It decides on each "
+          "device's own gradient before the sync runs, so a device with a NaN would skip the "
+          "collectives the others wait in (a hang). The sync agrees on every device itself: "
+          "use spardl(..., nonfinite='skip') (the default), which zeroes that step's update "
+          "everywhere and keeps the residuals; wrap only optimizers that come after the sync.")
     if isinstance(node, SyncState):
       return jax.tree.map(lambda _: per_device, node)
     if isinstance(node, optax.MultiStepsState) and _contains_sync(node.inner_opt_state):
@@ -47,8 +54,8 @@ def _specs(state, axis_name: str):
           skip_state=jax.tree.map(lambda _: PartitionSpec(), node.skip_state))
     return PartitionSpec()
 
-  return jax.tree.map(spec, state,
-                      is_leaf=lambda x: isinstance(x, (SyncState, optax.MultiStepsState)))
+  return jax.tree.map(spec, state, is_leaf=lambda x: isinstance(
+      x, (SyncState, optax.MultiStepsState, optax.ApplyIfFiniteState)))
 
 
 def _local_state(tx: optax.GradientTransformation, params, mesh):

@@ -9,7 +9,7 @@ each device (see :mod:`spardl_jax.sync.data_parallel` for the shardings and a sh
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,12 +32,16 @@ class SyncStats(NamedTuple):
     residual_norm: float32, L2 norm of this device's residual after the synchronization.
     h: int32, pairs per block sent across teams by SparDL (B-SAG's adaptive ``h``; ``kb``
       otherwise; 0 for dense).
+    nonfinite: int32, syncs so far in which some device's gradient (or residual) was not
+      finite (NaN or inf); the same on every device. Under ``nonfinite='skip'`` those syncs
+      returned zeros and left the method's state as it was.
   """
 
   selected: jax.Array
   bytes_sent: jax.Array
   residual_norm: jax.Array
   h: jax.Array
+  nonfinite: jax.Array
 
 
 class SyncState(NamedTuple):
@@ -72,6 +76,12 @@ def _devices(axis_name, axis_size: int | None) -> tuple[int, int]:
   if axis_size is not None:
     return axis_size, axis_size
   mesh = jax.sharding.get_abstract_mesh()
+  bound = getattr(mesh, "manual_axes", ())  # shard_map makes its axes manual while tracing
+  if bound:
+    raise ValueError(
+        f"sync_gradients: axis_name={axis_name!r}, but init runs inside jax.shard_map over "
+        f"the axes {sorted(map(str, bound))}; pass the data-parallel axis of that mesh as "
+        f"axis_name (the same to the transformation and to init_opt_state).")
   if axis_name in mesh.axis_names:
     return mesh.shape[axis_name], mesh.shape[axis_name]
   raise ValueError(
@@ -80,8 +90,30 @@ def _devices(axis_name, axis_size: int | None) -> tuple[int, int]:
       f"inside jax.shard_map, run under jax.set_mesh(mesh), or pass axis_size=P.")
 
 
+NonFinite = Literal["skip", "propagate"]
+NONFINITE_POLICIES = ("skip", "propagate")
+
+
+def _any_device_nonfinite(allreduce, flat, local, y, axis_name) -> jax.Array:
+  """() bool, True on every device when some device's ``flat`` (+ residual) is not finite.
+
+  Where the method guarantees that a non-finite input reaches its result (every selection
+  ranks NaN and inf above any finite value and ``y`` is bit-identical everywhere), the
+  result itself tells: no extra communication. Otherwise one scalar ``pmax`` (4 bytes, one
+  latency round) makes the devices agree.
+  """
+  if allreduce.nonfinite_reaches_result:
+    return ~jnp.all(jnp.isfinite(y))
+  local_bad = ~jnp.all(jnp.isfinite(flat))
+  residual = getattr(local, "residual", None)
+  if residual is not None:
+    local_bad |= ~jnp.all(jnp.isfinite(residual))
+  return jax.lax.pmax(local_bad.astype(jnp.int32), axis_name) > 0
+
+
 def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data",
-                   axis_size: int | None = None, **options) -> optax.GradientTransformation:
+                   axis_size: int | None = None, nonfinite: NonFinite = "skip",
+                   **options) -> optax.GradientTransformation:
   """Synchronizes gradients across ``axis_name`` with the all-reduce ``method``.
 
   ``update`` must run inside ``jax.shard_map`` over ``axis_name`` with the local gradient
@@ -92,17 +124,33 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
   cast back to each leaf's dtype. Non-float leaves (integers, ``float0``) pass through
   unchanged and are not communicated.
 
+  **Non-finite gradients.** Every device learns in the same step whether any device's
+  gradient (plus residual) holds a NaN or an inf, and all take the same decision, so no
+  device ever skips a collective the others wait in. With ``nonfinite='skip'`` (default)
+  that sync returns zeros on every device and leaves the method's state (residuals, the
+  B-SAG controller, thresholds) exactly as before, so one bad step poisons nothing; the
+  ``nonfinite`` counter of :class:`SyncStats` counts such steps. ``'propagate'`` returns
+  what the all-reduce computed (NaNs included) and keeps its new state. The optimizer after
+  the sync then sees a zero gradient: plain SGD does not move, momentum and Adam moments
+  decay by one step. Do not wrap the sync in ``optax.apply_if_finite``: it decides on each
+  device's own gradient before the sync runs (a hang); :func:`spardl_jax.opt_state_specs`
+  rejects that structure.
+
   Args:
     method: one of :data:`spardl_jax.methods.METHODS`.
     axis_name: the data-parallel mesh axis.
     axis_size: number of devices on the axis, only needed when ``init`` runs outside
       ``shard_map`` without a mesh set (:func:`spardl_jax.init_opt_state` needs none).
+    nonfinite: ``'skip'`` or ``'propagate'``, see above.
     **options: the method's options (for ``'spardl'``: ``density``, ``teams``, ``sag``,
       ``residuals``, ``alpha``, ``beta``).
 
   Returns:
     An ``optax.GradientTransformation`` whose state is a :class:`SyncState`.
   """
+  if nonfinite not in NONFINITE_POLICIES:
+    raise ValueError(f"sync_gradients: nonfinite must be one of {NONFINITE_POLICIES}, got "
+                     f"{nonfinite!r}.")
   allreduce = methods.make(method, **options)
   if axis_size is not None and (isinstance(axis_size, bool) or not isinstance(axis_size, int)
                                 or axis_size < 1):
@@ -120,7 +168,8 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     stats = SyncStats(selected=jnp.zeros((lead,), jnp.int32),
                       bytes_sent=jnp.zeros((lead,), jnp.float32),
                       residual_norm=jnp.zeros((lead,), jnp.float32),
-                      h=jnp.zeros((lead,), jnp.int32))
+                      h=jnp.zeros((lead,), jnp.int32),
+                      nonfinite=jnp.zeros((lead,), jnp.int32))
     return SyncState(jax.tree.map(per_device, allreduce.init(n=n, dtype=dtype, p=p)), stats)
 
   def update_fn(updates, state, params=None):
@@ -144,7 +193,12 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     if residual is not None and residual.shape != (n,):
       raise ValueError(f"sync_gradients: the gradients have {n} float entries but the state "
                        f"was initialized for {residual.shape[0]}; init with the same params.")
-    y, local = allreduce.apply(flat, local, axis_name=axis_name)
+    y, new_local = allreduce.apply(flat, local, axis_name=axis_name)
+    bad = _any_device_nonfinite(allreduce, flat, local, y, axis_name)
+    if nonfinite == "skip":
+      y = jnp.where(bad, jnp.zeros_like(y), y)
+      new_local = jax.tree.map(lambda new, old: jnp.where(bad, old, new), new_local, local)
+    local = new_local
     p = jax.lax.axis_size(axis_name)
     residual = getattr(local, "residual", None)
     bytes_sent, h = allreduce.stats(n=n, p=p, itemsize=np.dtype(dtype).itemsize, state=local,
@@ -154,7 +208,8 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
         bytes_sent=jnp.full((1,), bytes_sent, jnp.float32),
         h=jnp.full((1,), h, jnp.int32),
         residual_norm=(jnp.zeros((1,), jnp.float32) if residual is None else
-                       jnp.linalg.norm(residual.astype(jnp.float32))[None]))
+                       jnp.linalg.norm(residual.astype(jnp.float32))[None]),
+        nonfinite=state.stats.nonfinite + bad.astype(jnp.int32))
     out, start = [], 0
     for x, f in zip(leaves, is_float):
       if f:
@@ -171,7 +226,8 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
 def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int | str = 1,
            sag: Sag = "auto", residuals: Residuals = "global",
            alpha: float = ETHERNET_10G["alpha"], beta: float = ETHERNET_10G["beta"],
-           axis_size: int | None = None) -> optax.GradientTransformation:
+           axis_size: int | None = None,
+           nonfinite: NonFinite = "skip") -> optax.GradientTransformation:
   """SparDL gradient synchronization as an optax transformation.
 
   Example::
@@ -188,6 +244,8 @@ def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int | str =
     alpha, beta: latency (s) and seconds per byte of the network, for ``teams='auto'``.
     See :class:`~spardl_jax.SparDLConfig` for details.
     axis_size: see :func:`sync_gradients`.
+    nonfinite: ``'skip'`` (default) or ``'propagate'``: what a step with a NaN or inf on
+      some device does (see :func:`sync_gradients`).
 
   Returns:
     An ``optax.GradientTransformation`` (state :class:`SyncState`).
@@ -196,7 +254,8 @@ def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int | str =
     Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient Sparse
     Communication", ICDE 2024.
   """
-  return sync_gradients("spardl", axis_name=axis_name, axis_size=axis_size, density=density,
+  return sync_gradients("spardl", axis_name=axis_name, axis_size=axis_size,
+                        nonfinite=nonfinite, density=density,
                         teams=teams, sag=sag, residuals=residuals, alpha=alpha, beta=beta)
 
 

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -13,6 +14,17 @@ from tests import harness
 def test_density_out_of_range(density):
   with pytest.raises(ValueError, match=r"density must be in \(0, 1\]"):
     sj.SparDLConfig(density=density)
+
+
+def test_numpy_scalars_are_numbers():
+  """NumPy scalars are accepted wherever a Python number is, at their decimal value."""
+  config = sj.SparDLConfig(density=np.float32(0.1), teams=np.int64(2))
+  assert config.density == 0.1 and config.teams == 2 and type(config.teams) is int
+  okt = sj.methods.make("oktopk", density=np.float64(0.05), tau=np.int32(4),
+                        capacity=np.float32(1.5)).config
+  assert (okt.density, okt.tau, okt.capacity) == (0.05, 4, 1.5)
+  with pytest.raises(TypeError, match="density must be a float"):
+    sj.SparDLConfig(density=np.bool_(True))
 
 
 def test_density_wrong_type_and_teams():

@@ -13,7 +13,8 @@ import pytest
 
 import spardl_jax as sj
 from spardl_jax.parallel import launch
-from tests import harness, mp_worker
+from tests import harness
+from tests.parallel import mp_worker
 
 WORKER = os.path.join(os.path.dirname(__file__), "mp_worker.py")
 
@@ -32,10 +33,17 @@ def load(tmp_path):
   return saved
 
 
-def test_allreduce_over_processes_is_bit_identical_to_simulated_devices(tmp_path):
-  code, log = run_job("allreduce", tmp_path)
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+  """One 2-process job runs both the all-reduce and the training modes."""
+  out = tmp_path_factory.mktemp("job")
+  code, log = run_job("allreduce,train", out)
   assert code == 0, log
-  saved = load(tmp_path)
+  return load(out)
+
+
+def test_allreduce_over_processes_is_bit_identical_to_simulated_devices(job):
+  saved = job
   p = 4
   xs = mp_worker.inputs(p, mp_worker.N)
   for name, options in mp_worker.CASES.items():
@@ -47,10 +55,8 @@ def test_allreduce_over_processes_is_bit_identical_to_simulated_devices(tmp_path
       np.testing.assert_array_equal(saved[f"{name}_r_{row}"], np.asarray(state.residual)[row])
 
 
-def test_training_over_processes_matches_one_process(tmp_path):
-  code, log = run_job("train", tmp_path)
-  assert code == 0, log
-  saved = load(tmp_path)
+def test_training_over_processes_matches_one_process(job):
+  saved = job
   from train import data
   from train.config import TrainConfig, Variant
   from train.train import make_mesh, train_and_evaluate
@@ -87,6 +93,11 @@ def test_launcher_timeout_and_usage():
                        timeout=2, out=out)
   assert code == 124 and time.monotonic() - start < 15
   assert launch.main(["--processes", "2"]) == 2
+  for bad in ("nan", "-1", "0", "inf"):  # no timeout at all, or every rank killed at once
+    with pytest.raises(SystemExit):
+      launch.main(["--processes", "1", "--timeout", bad, "--", "true"])
+  with pytest.raises(ValueError, match="timeout must be a positive, finite"):
+    launch.launch(["true"], processes=1, timeout=float("nan"))
 
 
 @pytest.mark.parametrize("processes,local", [(1, 4), (2, 2)])

@@ -185,3 +185,69 @@ def test_errors_are_clear():
   state = tx.init({"w": jnp.zeros(3)})
   with pytest.raises(ValueError, match="inside jax.shard_map"):
     tx.update({"w": jnp.ones(3)}, state)
+  mesh = jax.make_mesh((2,), ("batch",), devices=jax.devices()[:2])
+  with pytest.raises(ValueError, match=r"axis_name='data', but init runs inside jax.shard_map "
+                                       r"over the axes \['batch'\]"):
+    sj.init_opt_state(sj.spardl(density=0.1), {"w": jnp.zeros(3)}, mesh)
+
+
+NONFINITE_CASES = [("spardl", p, {"density": 0.1}) for p in (1, 2, 3, 5, 8)] + [
+    ("spardl", 8, {"density": 0.1, "teams": 2}), ("spardl", 8, {"density": 0.1, "teams": 4}),
+    ("spardl", 6, {"density": 0.1, "teams": 3}), ("dense", 4, {}),
+    ("topka", 4, {"density": 0.1}), ("topkdsa", 4, {"density": 0.1}),
+    ("gtopk", 4, {"density": 0.1}), ("oktopk", 4, {"density": 0.1})]
+
+
+@pytest.mark.parametrize("name,p,options", NONFINITE_CASES)
+def test_a_nonfinite_step_is_skipped_on_every_device(name, p, options):
+  """NaN on one device, then inf on another: every device decides the same, the update is
+  zero, the method's state is bit-identical to the step before, and the next finite step
+  is the one that would have followed without the bad steps."""
+  params = {"w": jnp.zeros((6, 10)), "b": jnp.zeros((7,))}
+  tx = sj.sync_gradients(name, **options)
+  f = update_fn(tx, p, params)
+  rng = np.random.default_rng(p)
+  good = [local_grads(rng, p, params) for _ in range(2)]
+  _, state = f(put_rows(p, good[0]), sj.init_opt_state(tx, params, harness.mesh(p)))
+  before = state
+  for device, value in ((p - 1, np.nan), (0, np.inf)):
+    bad = jax.tree.map(np.array, good[1])
+    bad["w"][device, 2, 3] = value
+    updates, state = f(put_rows(p, bad), state)
+    for leaf in jax.tree.leaves(updates):
+      np.testing.assert_array_equal(np.asarray(leaf), 0)
+    for got, want in zip(jax.tree.leaves(state.method_state),
+                         jax.tree.leaves(before.method_state)):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  np.testing.assert_array_equal(np.asarray(state.stats.nonfinite), [2] * p)
+  updates, _ = f(put_rows(p, good[1]), state)
+  want, _ = f(put_rows(p, good[1]), before)
+  for got, expected in zip(jax.tree.leaves(updates), jax.tree.leaves(want)):
+    assert np.all(np.isfinite(np.asarray(got)))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+
+def test_propagate_keeps_what_the_allreduce_computed():
+  p = 4
+  params = {"w": jnp.zeros((40,))}
+  tx = sj.spardl(density=0.1, nonfinite="propagate")
+  grads = local_grads(np.random.default_rng(0), p, params)
+  grads = {"w": np.asarray(grads["w"]).copy()}
+  grads["w"][1, 5] = np.nan
+  updates, state = update_fn(tx, p, params)(put_rows(p, grads),
+                                           sj.init_opt_state(tx, params, harness.mesh(p)))
+  assert np.isnan(np.asarray(updates["w"])[5])
+  np.testing.assert_array_equal(np.asarray(state.stats.nonfinite), [1] * p)
+
+
+def test_apply_if_finite_around_the_sync_is_rejected():
+  params = {"w": jnp.zeros((8,))}
+  tx = optax.apply_if_finite(optax.chain(sj.spardl(density=0.5), optax.sgd(0.1)), 3)
+  with pytest.raises(ValueError, match="apply_if_finite wraps a gradient sync.*"
+                                       "nonfinite='skip'"):
+    sj.init_opt_state(tx, params, harness.mesh(2))
+  with pytest.raises(ValueError, match="nonfinite must be one of \\('skip', 'propagate'\\)"):
+    sj.spardl(nonfinite="ignore")
+  # After the sync, apply_if_finite sees the same synchronized gradient on every device.
+  ok = optax.chain(sj.spardl(density=0.5), optax.apply_if_finite(optax.sgd(0.1), 3))
+  sj.init_opt_state(ok, params, harness.mesh(2))

@@ -12,10 +12,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from models import create
-import spardl_jax as sj
 from spardl_jax.parallel.rows import shard_rows
 from spardl_jax.tools import traffic
-from train import input_pipeline, main
+from train import data, input_pipeline, main
 from train.config import TrainConfig, Variant
 from train.train import compile_steps, create_train_state, make_mesh, make_optimizer, \
     train_and_evaluate
@@ -212,3 +211,28 @@ def test_a_checkpoint_of_another_train_state_is_a_clear_error(digits, tmp_path):
   with pytest.raises(ValueError, match="holds another train state"):
     train_and_evaluate(cfg, Variant("oktopk", "oktopk", {"density": 0.01}), digits,
                        make_mesh(4), progress=False, checkpoint_dir=ckpt)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    (["--lr", "-1"], "argument --lr: must be > 0.0 and finite, got -1"),
+    (["--lr", "nan"], "argument --lr: must be > 0.0 and finite, got nan"),
+    (["--devices", "0"], "argument --devices: must be >= 1, got 0"),
+    (["--momentum", "1"], "--momentum must be in [0, 1), got 1.0."),
+    (["--compare", "dense,nosuch"], "method spec 'nosuch': the method must be one of"),
+    (["--compare", "dense,spardl:density=0"], "--compare 'spardl:density=0': SparDLConfig: "
+                                               "density must be in (0, 1]"),
+    (["--compare", "oktopk:tau=x"], "oktopk:tau=x': tau='x' is not a valid int"),
+    (["--batch-size", "100", "--devices", "8"], "--batch-size (100) must be a multiple of"),
+    (["--dataset", "nosuch"], "--dataset must be one of"),
+])
+def test_bad_flags_fail_at_once_with_one_line(capsys, flags, message):
+  """Every flag is checked before any data is loaded or any step compiled; the error is one
+  line naming the flag and what is allowed (no traceback)."""
+  try:
+    code = main.main(flags + ["--no-progress", "--out", "/nonexistent/never-written"])
+  except SystemExit as exit_:  # argparse's own checks
+    code = exit_.code
+  assert code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert message in err[-1] and "Traceback" not in "\n".join(err)

@@ -43,9 +43,10 @@ def kind(name: str) -> str:
   return DATASETS[base][0]
 
 
-def load(name: str, req: Request = Request()) -> Dataset:
-  """Loads dataset ``name`` (a key of :data:`DATASETS`) as ``req`` asks."""
+def load(name: str, req: Request | None = None) -> Dataset:
+  """Loads dataset ``name`` (a key of :data:`DATASETS`) as ``req`` asks (defaults: Request())."""
   kind(name)
+  req = Request() if req is None else req
   if name.startswith("wikipedia/"):
     return tfds_data.load(name, req)
   return DATASETS[name][1](req)

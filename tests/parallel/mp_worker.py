@@ -1,6 +1,8 @@
 """A rank of the multi-process tests, started by ``python -m spardl_jax.launch``.
 
-``python tests/mp_worker.py MODE OUT``:
+``python tests/parallel/mp_worker.py MODE OUT``:
+
+``MODE`` is one mode or several, comma-separated (run in order in the same job):
 
 * ``allreduce``: one SparDL all-reduce (d = 1 and d = 2) and one TopkA all-reduce of fixed
   inputs over every device of the job; each rank saves the rows of its devices.
@@ -12,7 +14,7 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))  # the repository
 
 from spardl_jax import distributed  # noqa: E402
 
@@ -55,12 +57,21 @@ def recording(ds):
   return dataclasses.replace(ds, train=Split(ds.train.size, take)), reads
 
 
-def main(mode, out):
+def main(modes, out):
+  """Runs each of the comma-separated ``modes`` in one job (one start-up and one
+  jax.distributed connection serve them all); each rank saves what its devices hold."""
   rank = jax.process_index()
   mesh = jax.make_mesh((P_ALL,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+  saved = {}
+  for mode in modes.split(","):
+    saved.update(run(mode, rank, mesh))
+  np.savez(os.path.join(out, f"rank{rank}.npz"), **saved)
+
+
+def run(mode, rank, mesh):
+  saved = {}
   if mode == "allreduce":
     xs = inputs(P_ALL, N)
-    saved = {}
     for name, options in CASES.items():
       method = sj.methods.make(name.split("_")[0], **options)
       state = shard_rows(sj.methods.init_rows(method, P_ALL, N), mesh)
@@ -69,7 +80,6 @@ def main(mode, out):
         saved[f"{name}_y_{row}"] = value
       for row, value in local_rows(state.residual).items():
         saved[f"{name}_r_{row}"] = value
-    np.savez(os.path.join(out, f"rank{rank}.npz"), **saved)
   elif mode == "train":
     from train import data
     from train.config import TrainConfig, Variant
@@ -79,12 +89,11 @@ def main(mode, out):
     ds, reads = recording(data.load("digits"))
     result = train_and_evaluate(cfg, Variant("spardl", "spardl", {"density": 0.05}), ds,
                                 make_mesh(P_ALL), progress=False)
-    saved = {f"r_{row}": v for row, v in
-             local_rows(result.state.opt_state[0].method_state.residual).items()}
+    for row, value in local_rows(result.state.opt_state[0].method_state.residual).items():
+      saved[f"r_{row}"] = value
     for i, leaf in enumerate(jax.tree.leaves(result.state.params)):
       saved[f"param_{i}"] = np.asarray(leaf.addressable_data(0))
     saved[f"reads_{rank}"] = np.stack(reads[1:])  # [0]: the example init reads
-    np.savez(os.path.join(out, f"rank{rank}.npz"), **saved)
   elif mode == "crash":
     if rank == 1:
       os._exit(3)
@@ -93,6 +102,7 @@ def main(mode, out):
                               in_specs=P("data"), out_specs=P("data")))
     while True:  # the peer is gone: gloo or the coordinator's heartbeat must end this
       jax.block_until_ready(f(x))
+  return saved
 
 
 if __name__ == "__main__":
