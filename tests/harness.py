@@ -90,10 +90,19 @@ def method_rows(p, n, method, dtype=jnp.float32):
   return put(p, sj.methods.init_rows(method, p, n, dtype))
 
 
-def method_traffic(p, n, method, dtype=jnp.float32):
+FLOAT32 = np.dtype(np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def method_executable(p, n, method, dtype=FLOAT32):
+  """`method`'s compiled program for (P, n) gradients: it runs the numbers and its HLO text
+  gives the traffic, from one compilation."""
+  return _lower(compiled_method(p, method), method, p, n, dtype).compile()
+
+
+def method_traffic(p, n, method, dtype=FLOAT32):
   """The collectives of `method`'s program for (P, n) gradients."""
-  return sj.traffic.parse_hlo(
-      _lower(compiled_method(p, method), method, p, n, dtype).compile().as_text())
+  return sj.traffic.parse_hlo(method_executable(p, n, method, np.dtype(dtype)).as_text())
 
 
 def gradients(rng, p, n, heavy_tails=False):

@@ -82,35 +82,48 @@ def _redistribute(path: tuple[str, ...], saved: np.ndarray, like: jax.Array,
   return np.asarray(like)
 
 
-def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, list] | None:
-  """``(epoch, state, history)`` of the latest checkpoint, or None when there is none.
+class CheckpointMismatch(ValueError):
+  """A checkpoint of another train state (model, size, method or optimizer)."""
 
-  Args:
-    mgr: the manager.
-    like: a freshly initialized state of the same structure on the current devices; its
-      shapes, dtypes and shardings are restored, and its values fill the per-device leaves
-      that cannot carry over to another device count (see the module docstring).
-  """
-  epoch = mgr.latest_step()
-  if epoch is None:
-    return None
-  metadata = mgr.item_metadata(epoch)["state"]
+
+def _check_fits(step: int, directory, saved: dict, paths: list, leaves: list) -> set[int]:
+  """The indices of the per-device leaves whose device count differs; raises
+  :class:`CheckpointMismatch` naming the leaf and both shapes for any other difference."""
+  if set(paths) != set(saved):
+    differ = sorted(set(paths) ^ set(saved))[:3]
+    raise CheckpointMismatch(
+        f"checkpoint {step} in {directory} holds another train state (another model, method "
+        f"or optimizer?): leaves {['/'.join(d) for d in differ]} are only on one side. Use "
+        f"a fresh checkpoint directory.")
+  changed = set()
+  for i, (path, like) in enumerate(zip(paths, leaves)):
+    shape = tuple(saved[path].shape)
+    if shape == like.shape:
+      continue
+    spec = like.sharding.spec if hasattr(like.sharding, "spec") else ()
+    per_device = bool(spec) and spec[0] is not None
+    if not per_device or shape[1:] != like.shape[1:]:
+      raise CheckpointMismatch(
+          f"checkpoint {step} in {directory} does not fit this train state: leaf "
+          f"{'/'.join(path)} has shape {shape} there and {like.shape} here (another model "
+          f"size?). Use a fresh checkpoint directory.")
+    changed.add(i)
+  return changed
+
+
+def _restore(mgr: ocp.CheckpointManager, step: int, like):
+  """``(state, history)`` of checkpoint ``step``, rebuilt onto ``like``'s devices."""
+  metadata = mgr.item_metadata(step)["state"]
   saved = dict(zip(_paths(metadata), jax.tree.leaves(metadata)))
   leaves, treedef = jax.tree.flatten(like)
   paths = _paths(like)
-  if set(paths) != set(saved):
-    differ = sorted(set(paths) ^ set(saved))[:3]
-    raise ValueError(f"checkpoint {epoch} in {mgr.directory} holds another train state "
-                     f"(another model, method or optimizer?): leaves {differ} are only on "
-                     f"one side. Use a fresh checkpoint directory.")
-  changed = {i for i, (p, a) in enumerate(zip(paths, leaves))
-             if tuple(saved[p].shape) != a.shape}
+  changed = _check_fits(step, mgr.directory, saved, paths, leaves)
   # Leaves to rebuild are read whole onto one local device, the rest with their shardings.
   host = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   abstract = [jax.ShapeDtypeStruct(tuple(saved[p].shape), a.dtype,
                                    sharding=host if i in changed else a.sharding)
               for i, (p, a) in enumerate(zip(paths, leaves))]
-  restored = mgr.restore(epoch, args=ocp.args.Composite(
+  restored = mgr.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(jax.tree.unflatten(treedef, abstract)),
       history=ocp.args.JsonRestore()))
   out = jax.tree.leaves(restored["state"])
@@ -122,5 +135,38 @@ def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, list]
                                           lambda index, a=rows: a[index])
   if changed:
     log.info("checkpoint %d was written on another device count: residuals folded and "
-             "spread, %d per-device leaves rebuilt", epoch, len(changed))
-  return epoch, jax.tree.unflatten(treedef, out), list(restored["history"])
+             "spread, %d per-device leaves rebuilt", step, len(changed))
+  return jax.tree.unflatten(treedef, out), list(restored["history"])
+
+
+def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, list] | None:
+  """``(epoch, state, history)`` of the newest checkpoint that reads cleanly, or None.
+
+  A checkpoint that cannot be read (a folder left by a crash outside Orbax's atomic
+  rename, a corrupted or truncated file) is skipped with a warning naming it and the
+  reason, and the next older one is tried. Orbax writes into a temporary folder and renames
+  it when complete, so a writer killed mid-save leaves no half checkpoint behind.
+
+  Args:
+    mgr: the manager.
+    like: a freshly initialized state of the same structure on the current devices; its
+      shapes, dtypes and shardings are restored, and its values fill the per-device leaves
+      that cannot carry over to another device count (see the module docstring).
+
+  Raises:
+    CheckpointMismatch: the newest readable checkpoint is of another train state: which
+      leaf differs and both shapes are named.
+  """
+  mgr.reload()
+  for step in sorted(mgr.all_steps(), reverse=True):
+    try:
+      state, history = _restore(mgr, step, like)
+    except CheckpointMismatch:
+      raise
+    except Exception as error:  # any reader failure (Orbax, TensorStore, JSON): try older
+      reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+      log.warning("checkpoint %d in %s cannot be read, skipped: %s: %s", step, mgr.directory,
+                  type(error).__name__, reason)
+      continue
+    return step, state, history
+  return None

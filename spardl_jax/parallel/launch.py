@@ -54,6 +54,17 @@ def _stop(procs) -> None:
       time.sleep(0.1)
 
 
+def child_environment() -> dict[str, str]:
+  """This process's environment for a rank: ``XLA_FLAGS`` without a simulated device count
+  (each rank gets its own from ``SPARDL_LOCAL_DEVICES``); other XLA flags pass through."""
+  env = dict(os.environ)
+  flags = [f for f in env.pop("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  if flags:
+    env["XLA_FLAGS"] = " ".join(flags)
+  return env
+
+
 def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
            timeout: float | None = None, host: str = "127.0.0.1", out=None) -> int:
   """Runs ``command`` as ``processes`` ranks of one job; returns the job's exit code.
@@ -72,7 +83,7 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
                      f"{timeout!r}.")
   out = out or sys.stdout
   coordinator = f"{host}:{free_port()}"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = child_environment()
   procs, threads = [], []
   for rank in range(processes):
     child_env = dict(env, **distributed.environment(coordinator, processes, rank,

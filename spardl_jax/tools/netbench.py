@@ -85,13 +85,13 @@ def shape(namespaces: list[str], rate: str) -> None:
 
 def run_workers(namespaces, args, rate: str) -> dict:
   """One process per namespace; returns rank 0's timings."""
-  from spardl_jax.parallel import distributed
+  from spardl_jax.parallel import distributed, launch
 
   port = 47000 + int(time.time()) % 1000
   out = os.path.join(args.out, f"times_{rate}.json")
   procs = []
   for i, ns in enumerate(namespaces):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = launch.child_environment()
     env.update(distributed.environment(f"{SUBNET}.1:{port}", len(namespaces), i, 1))
     cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "spardl_jax.netbench", "--worker",
            "--n", str(args.n), "--density", str(args.density), "--repeats",

@@ -15,8 +15,25 @@ MODELS = {"topka": reference_baselines.topka, "topkdsa": reference_baselines.top
 
 
 def run(p, method, xs, state):
-  ys, state = harness.compiled_method(p, method)(harness.put(p, xs), state)
+  exe = harness.method_executable(p, xs.shape[1], method, xs.dtype)
+  ys, state = exe(harness.put(p, xs), state)
   return np.asarray(ys), state
+
+
+def assert_traffic(method, p, n):
+  """The compiled program's collectives against the cost table (tests/formulas.py)."""
+  hlo = harness.method_traffic(p, n, method)
+  assert not hlo.others
+  sent = [hlo.bytes_sent(d) for d in range(p)]
+  density = method.config.density
+  if method.name == "gtopk":
+    assert sent == formulas.gtopk(p, n, density)
+    assert hlo.rounds == 2 * formulas.log(p)
+    return
+  capacity = {"capacity": method.config.capacity} if hasattr(method.config, "capacity") else {}
+  want = getattr(formulas, method.name)(p, n, density, **capacity)
+  assert hlo.rounds == want["rounds"]
+  assert sent == [want["bytes"]] * p
 
 
 @pytest.mark.parametrize("density", [1.0, 0.05])
@@ -38,6 +55,7 @@ def test_matches_numpy_model(name, p, density):
     harness.assert_conserved(xs, rs, ys, np.asarray(state.residual))
     if density == 1:
       np.testing.assert_allclose(ys[0], (xs + rs).mean(0), rtol=1e-5, atol=1e-6)
+  assert_traffic(method, p, n)  # the same compiled program
 
 
 def test_topkdsa_overflow_stays_in_the_residual_and_dense_gather():
@@ -74,6 +92,7 @@ def test_oktopk_conserves_and_agrees_on_every_device(p):
     if it % 3 == 0:  # re-estimation step: the exact global top-k (capacity allowing)
       assert np.count_nonzero(ys[0]) <= max(k, 1) + p  # ties at the threshold may add a few
     assert np.count_nonzero(ys[0]) <= p * c
+  assert_traffic(method, p, n)  # the same compiled program
 
 
 @pytest.mark.parametrize("p", [2, 5, 6])
@@ -109,24 +128,12 @@ def test_oktopk_with_exact_thresholds_is_pmean_at_density_one():
 
 
 @pytest.mark.parametrize("p", [2, 3, 6, 8])
-@pytest.mark.parametrize("name", ["dense", "topka", "topkdsa", "gtopk", "oktopk"])
-def test_hlo_traffic_equals_the_cost_table(name, p):
-  n, density = 3000, 0.02
-  method = sj.methods.make(name) if name == "dense" else sj.methods.make(name, density=density)
-  hlo = harness.method_traffic(p, n, method)
-  if name == "dense":  # one XLA all-reduce of the whole gradient, nothing else
-    assert hlo.rounds == 0 and [c.op for c in hlo.others] == ["all-reduce"]
-    assert hlo.largest_other() == n
-    return
-  assert not hlo.others
-  sent = [hlo.bytes_sent(d) for d in range(p)]
-  if name == "gtopk":
-    assert sent == formulas.gtopk(p, n, density)
-    assert hlo.rounds == 2 * formulas.log(p)
-    return
-  want = getattr(formulas, name)(p, n, density)
-  assert hlo.rounds == want["rounds"]
-  assert sent == [want["bytes"]] * p
+def test_dense_is_one_allreduce_of_the_gradient(p):
+  """Dense: one XLA all-reduce of the whole gradient, nothing else (the other methods'
+  traffic is checked in the tests against their NumPy models, on the same programs)."""
+  hlo = harness.method_traffic(p, 3000, sj.methods.make("dense"))
+  assert hlo.rounds == 0 and [c.op for c in hlo.others] == ["all-reduce"]
+  assert hlo.largest_other() == 3000
 
 
 def test_gtopk_bytes_per_device_follow_the_tree():
@@ -137,22 +144,6 @@ def test_gtopk_bytes_per_device_follow_the_tree():
   want = [3 * k_pair, 1 * k_pair, 2 * k_pair, 1 * k_pair, 2 * k_pair, 1 * k_pair]
   assert formulas.gtopk(6, 1000, 0.01) == want
   assert gtopk.formula(6, 1000, gtopk.GTopkConfig(density=0.01))["bytes_per_device"] == want
-
-
-def test_transformation_runs_every_method_and_reports_its_bytes():
-  from tests.sync.test_transform import put_rows, update_fn
-  p = 4
-  params = {"w": jnp.zeros((50, 20))}
-  grads = {"w": jnp.asarray(harness.gradients(np.random.default_rng(1), p, 1000).reshape(p, 50, 20))}
-  for name in ["topka", "topkdsa", "gtopk", "oktopk"]:
-    tx = sj.sync_gradients(name, density=0.05)
-    state = sj.init_opt_state(tx, params, harness.mesh(p))
-    f = update_fn(tx, p, params)
-    updates, state = f(put_rows(p, grads), state)
-    hlo = sj.traffic.parse_hlo(f.lower(put_rows(p, grads), state).compile().as_text())
-    np.testing.assert_array_equal(np.asarray(state.stats.bytes_sent),
-                                  [hlo.bytes_sent(d) for d in range(p)])
-    assert np.count_nonzero(np.asarray(updates["w"])) > 0
 
 
 @pytest.mark.parametrize("name,options,match", [

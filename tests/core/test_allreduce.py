@@ -148,7 +148,7 @@ def test_residual_modes_match_numpy_model(p, residuals):
 def test_three_syncs_in_a_scan_equal_three_calls():
   """The state contract: the state coming out has the structure of the one going in, so it
   is a lax.scan carry; B-SAG (teams=3) makes the controller part of the carry."""
-  p, n, steps = 6, 241, 3  # kb = 7: a short ladder of B-SAG branches to compile
+  p, n, steps = 6, 61, 3  # kb = 2: a ladder of two B-SAG branches, quick to compile
   config = sj.SparDLConfig(density=0.05, teams=3, sag="bruck")
   rng = np.random.default_rng(7)
   xs = np.stack([harness.gradients(rng, p, n) for _ in range(steps)])  # (steps, P, n)

@@ -78,6 +78,51 @@ def test_training_over_processes_matches_one_process(job):
     np.testing.assert_array_equal(saved[f"r_{row}"], residual[row])
 
 
+KILLER = os.path.join(os.path.dirname(__file__), "kill_worker.py")
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def test_a_rank_killed_mid_epoch_resumes_bit_identically(job, tmp_path, monkeypatch):
+  """`launch --processes 2 -- python -m train --checkpoint` with rank 1 SIGKILLed in the
+  middle of epoch 2: the launcher stops the job; the same command again resumes from the
+  epoch-1 checkpoint and ends with the parameters and residuals of an uninterrupted run
+  (the `job` fixture's, itself equal to one process with 4 devices)."""
+  monkeypatch.setenv("PYTHONPATH", REPO)  # `python -m train` runs from the repository
+  flags = ["--model", "mlp", "--model-size", "tiny", "--dataset", "digits", "--epochs", "2",
+           "--batch-size", "64", "--method", "spardl", "--density", "0.05", "--checkpoint",
+           "--no-progress", "--out", str(tmp_path)]
+  train = ["python", "-m", "train", *flags]
+  out = io.StringIO()
+  code = launch.launch([sys.executable, KILLER, "2", "5", "--", *train], processes=2,
+                       devices_per_process=2, timeout=240, out=out)
+  assert code != 0 and "rank 1 exited with -9" in out.getvalue(), out.getvalue()
+  ckpt = tmp_path / "checkpoints" / "spardl"
+  assert sorted(os.listdir(ckpt)) == ["1"]  # killed after epoch 1's checkpoint, before 2's
+  out = io.StringIO()
+  code = launch.launch([sys.executable, "-m", "train", *flags], processes=2,
+                       devices_per_process=2, timeout=240, out=out)
+  assert code == 0 and "resumed from" in out.getvalue(), out.getvalue()
+
+  from models import create
+  from train import checkpoint, data
+  from train.config import TrainConfig, Variant
+  from train.train import create_train_state, make_mesh, make_optimizer
+  cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", epochs=2, batch_size=64)
+  ds = data.load("digits")
+  tx = make_optimizer(cfg, Variant("spardl", "spardl", {"density": 0.05}))
+  like, _ = create_train_state(jax.random.key(0), create(cfg.model, cfg.model_size, **ds.info),
+                               tx, ds.train.take(np.arange(1))[0], make_mesh(4), "data")
+  mgr = checkpoint.manager(str(ckpt))
+  epoch, state, _ = checkpoint.restore_latest(mgr, like)
+  mgr.close()
+  assert epoch == 2
+  for i, leaf in enumerate(jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(job[f"param_{i}"], np.asarray(leaf))
+  residual = np.asarray(state.opt_state[0].method_state.residual)
+  for row in range(4):
+    np.testing.assert_array_equal(job[f"r_{row}"], residual[row])
+
+
 def test_a_dead_rank_stops_the_job_quickly(tmp_path):
   start = time.monotonic()
   code, log = run_job("crash", tmp_path, timeout=60)

@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
+from spardl_jax.core import schedule
 from tests import harness, reference
 
 AXIS = harness.AXIS
@@ -205,11 +206,21 @@ def test_a_nonfinite_step_is_skipped_on_every_device(name, p, options):
   is the one that would have followed without the bad steps."""
   params = {"w": jnp.zeros((6, 10)), "b": jnp.zeros((7,))}
   tx = sj.sync_gradients(name, **options)
-  f = update_fn(tx, p, params)
   rng = np.random.default_rng(p)
   good = [local_grads(rng, p, params) for _ in range(2)]
-  _, state = f(put_rows(p, good[0]), sj.init_opt_state(tx, params, harness.mesh(p)))
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  f = update_fn(tx, p, params).lower(put_rows(p, good[0]), state).compile()
+  updates, state = f(put_rows(p, good[0]), state)
   before = state
+  # Every method's reported bytes are what its compiled program sends, device by device.
+  hlo = sj.traffic.parse_hlo(f.as_text())
+  if options.get("teams") == 3:  # B-SAG: the branch of the h this step used
+    kb = sj.BlockLayout.make(67, p // 3, options["density"]).kb
+    hlo = hlo.branch(schedule.h_ladder(kb, 3).index(int(np.asarray(state.stats.h)[0])))
+  if name != "dense":
+    np.testing.assert_array_equal(np.asarray(state.stats.bytes_sent),
+                                  [hlo.bytes_sent(d) for d in range(p)])
+  assert np.count_nonzero(np.asarray(updates["w"])) > 0
   for device, value in ((p - 1, np.nan), (0, np.inf)):
     bad = jax.tree.map(np.array, good[1])
     bad["w"][device, 2, 3] = value

@@ -21,7 +21,7 @@ def test_bench_rows_report_hlo_traffic_equal_to_formula():
 def test_bench_sweeps_every_team_count_and_marks_the_model_pick():
   # A small n keeps B-SAG's ladder short (d = 6: h in 1..6), so the compiles are quick.
   args = bench._parse_args(["--devices", "6", "--n", "600", "--teams", "all", "--repeats",
-                            "1", "--methods", "spardl"])
+                            "1", "--methods", "spardl", "--max-memory-gb", "0"])  # untimed
   rows = bench.run(args)
   assert [r["method"] for r in rows] == ["spardl", "spardl d=2 (R-SAG)", "spardl d=3 (B-SAG)",
                                          "spardl d=6 (B-SAG)"]
@@ -35,7 +35,7 @@ def test_bench_sweeps_every_team_count_and_marks_the_model_pick():
 
 def test_bench_all_methods_side_by_side(tmp_path):
   args = bench._parse_args(["--devices", "4", "--n", "4000", "--repeats", "1", "--out",
-                            str(tmp_path)])
+                            str(tmp_path), "--max-memory-gb", "0"])  # HLO only, untimed
   rows = bench.run(args)
   assert [r["method"] for r in rows] == list(bench.METHODS)
   by_name = {r["method"]: r for r in rows}

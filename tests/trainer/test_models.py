@@ -25,8 +25,9 @@ def test_full_size_matches_the_paper(name):
 
 
 # VGG-11 and VGG-19 are VGG-16's class with other layer lists (their sizes are checked above);
-# compiling each costs about 5 s on two cores.
-@pytest.mark.parametrize("name", sorted(set(MODELS) - {"vgg11", "vgg19"}))
+# compiling each costs about 5 s on two cores. ResNet-20 trains, batch norm included, in
+# tests/trainer/test_train.py::test_every_task_trains.
+@pytest.mark.parametrize("name", sorted(set(MODELS) - {"vgg11", "vgg19", "resnet20"}))
 def test_tiny_size_runs_in_train_mode(name):
   spec = MODELS[name]
   model = create(name, "tiny")
@@ -81,7 +82,7 @@ def test_step_benchmark_reports_both_methods(tmp_path):
 
   from train import benchmark
 
-  assert benchmark.main(["--models", "mlp,bert", "--sizes", "tiny,full", "--devices", "4",
+  assert benchmark.main(["--models", "mlp,bert", "--sizes", "tiny", "--devices", "4",
                          "--steps", "1", "--max-memory-gb", "0.002", "--out", str(tmp_path)]) == 0
   rows = {(r["model"], r["size"], r["method"]): r
           for r in json.loads((tmp_path / "results.json").read_text())["rows"]}

@@ -1,5 +1,6 @@
-"""The trainer: no hidden dense all-reduce, a smoke run of the CLI, convergence with SparDL on
-real offline data, and a bit-identical resume from a checkpoint."""
+"""The trainer: no hidden dense all-reduce, a smoke run of the CLI, every task trains, a
+bit-identical resume from a checkpoint, restore onto other device counts, and flags checked
+before any work. Convergence is a benchmark (python -m train.convergence), not a test."""
 
 import dataclasses
 import json
@@ -79,16 +80,6 @@ def test_cli_smoke_run_writes_metrics_and_plot(tmp_path):
   assert [r["method"] for r in runs] == ["dense", "spardl:residuals=local", "oktopk:tau=4"]
   assert runs[1]["bytes_per_step"] < runs[0]["bytes_per_step"]
   assert runs[2]["bytes_per_step"] < runs[0]["bytes_per_step"]
-
-
-def test_spardl_reaches_accuracy_on_digits(digits):
-  """SparDL at 1 % on 8 devices: >= 95 % test accuracy on digits within 16 epochs (352 steps).
-
-  Dense reaches 97 % here; SparDL at 1 % sends 46x fewer bytes and gets there later.
-  """
-  cfg = TrainConfig(model="mlp", dataset="digits", devices=8, epochs=16, batch_size=64, lr=0.1)
-  result = train_and_evaluate(cfg, SPARDL, digits, make_mesh(8), progress=False)
-  assert max(h["test_accuracy"] for h in result.history[-3:]) >= 0.95
 
 
 def test_resume_from_checkpoint_is_bit_identical(digits, tmp_path):
@@ -201,16 +192,6 @@ def test_redistribution_rules():
   rows = checkpoint._redistribute(("opt_state", "acc_grads", "w"), acc, like, 8)
   np.testing.assert_allclose(rows.reshape(4, 3, 5).mean(0), acc.reshape(8, 3, 5).mean(0),
                              rtol=1e-6)
-
-
-def test_a_checkpoint_of_another_train_state_is_a_clear_error(digits, tmp_path):
-  ckpt = str(tmp_path / "ckpt")
-  cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=4, epochs=1,
-                    batch_size=64, steps_per_epoch=2)
-  train_and_evaluate(cfg, SPARDL, digits, make_mesh(4), progress=False, checkpoint_dir=ckpt)
-  with pytest.raises(ValueError, match="holds another train state"):
-    train_and_evaluate(cfg, Variant("oktopk", "oktopk", {"density": 0.01}), digits,
-                       make_mesh(4), progress=False, checkpoint_dir=ckpt)
 
 
 @pytest.mark.parametrize("flags,message", [
