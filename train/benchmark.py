@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-METHODS = {"dense": {}, "spardl": {"density": 0.01}}
+DENSITY = 0.01  # for every sparse method whose spec does not say otherwise
 # float32 copies of the parameters each device holds during a step: params, gradient,
 # momentum, update, the residual and the sync's working vectors.
 COPIES = 8
@@ -39,7 +39,9 @@ def _parse_args(argv):
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--models", default="all", help=f"comma list of {', '.join(MODELS)} or all")
   p.add_argument("--sizes", default="tiny,full", help="comma list of tiny, full")
-  p.add_argument("--methods", default="dense,spardl", help="comma list of dense, spardl")
+  p.add_argument("--methods", default="dense,spardl",
+                 help="comma list of method specs, method[:key=value...], any method of "
+                      "spardl_jax.methods (default: %(default)s; density 0.01 unless given)")
   p.add_argument("--devices", type=int, default=8)
   p.add_argument("--batch-per-device", type=int, default=None,
                  help="examples per device (default: 16 tiny, 2 full)")
@@ -53,10 +55,21 @@ def _parse_args(argv):
       p.error(f"--models: unknown {name!r}; choose from {', '.join(MODELS)}")
   args.sizes = args.sizes.split(",")
   args.methods = args.methods.split(",")
-  for m in args.methods:
-    if m not in METHODS:
-      p.error(f"--methods: unknown {m!r}; choose from {', '.join(METHODS)}")
+  from spardl_jax import methods
+  for text in args.methods:
+    try:
+      name, options = _spec(text)
+      methods.make(name, **options)
+    except (ValueError, TypeError) as error:
+      p.error(f"--methods {text!r}: {error}")
   return args
+
+
+def _spec(text: str) -> tuple[str, dict]:
+  """``(method, options)`` of a method spec, through the registry's parser."""
+  from spardl_jax import methods
+  name, options = methods.parse(text, density=DENSITY)
+  return name, options
 
 
 def synthetic_batch(model, spec, rows: int, seed: int = 0):
@@ -92,7 +105,7 @@ def measure(name: str, size: str, method: str, devices: int, per_device: int,
   x, y, w, task = synthetic_batch(model, spec, devices * per_device)
   cfg = TrainConfig(model=name, model_size=size, devices=devices, batch_size=len(x))
   mesh = make_mesh(devices)
-  tx = make_optimizer(cfg, Variant(method, method, METHODS[method]))
+  tx = make_optimizer(cfg, Variant(method, *_spec(method)))
   state, specs = create_train_state(jax.random.key(0), model, tx, x, mesh, cfg.axis_name)
   train, _ = compile_steps(model, tx, mesh, specs, cfg.axis_name, task=task)
   batch = shard_rows((x, y, w), mesh, cfg.axis_name)

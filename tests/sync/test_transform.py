@@ -192,7 +192,8 @@ def test_errors_are_clear():
     sj.init_opt_state(sj.spardl(density=0.1), {"w": jnp.zeros(3)}, mesh)
 
 
-NONFINITE_CASES = [("spardl", p, {"density": 0.1}) for p in (1, 2, 3, 5, 8)] + [
+# SparDL on every P of the conservation set (tests/core/test_allreduce.py), teams 1 to 4.
+NONFINITE_CASES = [("spardl", p, {"density": 0.1}) for p in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)] + [
     ("spardl", 8, {"density": 0.1, "teams": 2}), ("spardl", 8, {"density": 0.1, "teams": 4}),
     ("spardl", 6, {"density": 0.1, "teams": 3}), ("dense", 4, {}),
     ("topka", 4, {"density": 0.1}), ("topkdsa", 4, {"density": 0.1}),
