@@ -2,7 +2,9 @@
 
 The state is saved with its shardings: the ``(P, n)`` residuals keep every device's row, so a
 restore on the same devices continues bit-identically (same next loss, same next residuals).
-The epoch history is saved beside it, so a resumed run's metrics cover every epoch.
+Beside it, a JSON progress record (see :func:`train.train.train_and_evaluate`): the epoch
+history, and for a checkpoint taken inside an epoch the position in it (the Grain iterator's
+state and the metrics of the steps taken), so a resume mid-epoch repeats the rest exactly.
 
 A checkpoint can also be restored onto a different number of devices ``P'``. The per-device
 leaves are then rebuilt so that no gradient mass is lost:
@@ -29,18 +31,20 @@ log = logging.getLogger("train")
 
 
 def manager(directory: str, *, max_to_keep: int = 2) -> ocp.CheckpointManager:
-  """A checkpoint manager writing one checkpoint per epoch under ``directory``."""
+  """A checkpoint manager under ``directory``: each checkpoint holds the train state and a
+  JSON record of the run's progress."""
   return ocp.CheckpointManager(
       os.path.abspath(directory),
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep),
       item_handlers={"state": ocp.StandardCheckpointHandler(),
-                     "history": ocp.JsonCheckpointHandler()})
+                     "progress": ocp.JsonCheckpointHandler()})
 
 
-def save(mgr: ocp.CheckpointManager, epoch: int, state, history: list) -> None:
-  """Saves ``state`` and the epoch ``history`` as checkpoint ``epoch`` and waits for it."""
-  mgr.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                          history=ocp.args.JsonSave(history)))
+def save(mgr: ocp.CheckpointManager, step: int, state, progress) -> None:
+  """Saves ``state`` and ``progress`` (JSON: the epoch history, where in the data the run
+  is) as checkpoint ``step`` and waits until it is complete."""
+  mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                         progress=ocp.args.JsonSave(progress)))
   mgr.wait_until_finished()
 
 
@@ -112,7 +116,7 @@ def _check_fits(step: int, directory, saved: dict, paths: list, leaves: list) ->
 
 
 def _restore(mgr: ocp.CheckpointManager, step: int, like):
-  """``(state, history)`` of checkpoint ``step``, rebuilt onto ``like``'s devices."""
+  """``(state, progress)`` of checkpoint ``step``, rebuilt onto ``like``'s devices."""
   metadata = mgr.item_metadata(step)["state"]
   saved = dict(zip(_paths(metadata), jax.tree.leaves(metadata)))
   leaves, treedef = jax.tree.flatten(like)
@@ -125,7 +129,7 @@ def _restore(mgr: ocp.CheckpointManager, step: int, like):
               for i, (p, a) in enumerate(zip(paths, leaves))]
   restored = mgr.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(jax.tree.unflatten(treedef, abstract)),
-      history=ocp.args.JsonRestore()))
+      progress=ocp.args.JsonRestore()))
   out = jax.tree.leaves(restored["state"])
   for i in sorted(changed):
     meta = saved[paths[i]].sharding
@@ -136,11 +140,11 @@ def _restore(mgr: ocp.CheckpointManager, step: int, like):
   if changed:
     log.info("checkpoint %d was written on another device count: residuals folded and "
              "spread, %d per-device leaves rebuilt", step, len(changed))
-  return jax.tree.unflatten(treedef, out), list(restored["history"])
+  return jax.tree.unflatten(treedef, out), restored["progress"]
 
 
-def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, list] | None:
-  """``(epoch, state, history)`` of the newest checkpoint that reads cleanly, or None.
+def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, object] | None:
+  """``(step, state, progress)`` of the newest checkpoint that reads cleanly, or None.
 
   A checkpoint that cannot be read (a folder left by a crash outside Orbax's atomic
   rename, a corrupted or truncated file) is skipped with a warning naming it and the
@@ -160,7 +164,7 @@ def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, list]
   mgr.reload()
   for step in sorted(mgr.all_steps(), reverse=True):
     try:
-      state, history = _restore(mgr, step, like)
+      state, progress = _restore(mgr, step, like)
     except CheckpointMismatch:
       raise
     except Exception as error:  # any reader failure (Orbax, TensorStore, JSON): try older
@@ -168,5 +172,5 @@ def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, list]
       log.warning("checkpoint %d in %s cannot be read, skipped: %s: %s", step, mgr.directory,
                   type(error).__name__, reason)
       continue
-    return step, state, history
+    return step, state, progress
   return None

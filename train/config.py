@@ -45,6 +45,7 @@ class TrainConfig:
   eval_steps: int | None = None  # None: the whole test set
   log_every: int = 50  # steps between fetches of the metrics to the host
   data_workers: int = 0  # Grain worker processes that read and decode batches (0: a thread)
+  checkpoint_every: int | None = None  # steps between checkpoints inside an epoch
 
 
 def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:

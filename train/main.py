@@ -98,13 +98,16 @@ def _parse_args(argv):
   p.add_argument("--out", default=d.out, help="directory for metrics and the plot")
   p.add_argument("--checkpoint", action="store_true",
                  help="save the train state (residuals included) after every epoch under "
-                      "OUT/checkpoints/METHOD and resume from there when present")
+                      "OUT/checkpoints/METHOD and resume from the newest readable one")
   p.add_argument("--data-workers", type=NON_NEGATIVE_INT, default=d.data_workers,
                  help="Grain worker processes that read and decode training batches "
                       "(default: %(default)s, one reader thread)")
   p.add_argument("--log-every", type=POSITIVE_INT, default=d.log_every,
                  help="steps between fetches of the metrics from the devices (default: "
                       "%(default)s; each epoch's end fetches too)")
+  p.add_argument("--checkpoint-every", type=POSITIVE_INT, default=d.checkpoint_every,
+                 help="with --checkpoint, also save every N train steps inside an epoch "
+                      "(default: at epoch ends only)")
   p.add_argument("--no-progress", action="store_true",
                  help="no progress bar or step lines (a bar appears only on a terminal)")
   p.add_argument("--debug", action="store_true",
@@ -173,7 +176,8 @@ def run(args) -> int:
                     seed=args.seed, out=args.out, data_dir=args.data_dir,
                     seq_len=args.seq_len, image_size=args.image_size,
                     steps_per_epoch=args.steps_per_epoch, eval_steps=args.eval_steps,
-                    log_every=args.log_every, data_workers=args.data_workers)
+                    log_every=args.log_every, data_workers=args.data_workers,
+                    checkpoint_every=args.checkpoint_every)
   check_model_data(cfg.model, cfg.dataset)
   mesh = make_mesh(cfg.devices)
   if cfg.batch_size % mesh.size:

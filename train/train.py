@@ -261,9 +261,12 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                        checkpoint_dir: str | None = None) -> RunResult:
   """Trains ``cfg.model`` on ``ds`` with ``variant``'s gradient sync for ``cfg.epochs``.
 
-  With ``checkpoint_dir``, the state is saved after every epoch and a run that finds a
-  checkpoint there resumes after its epoch (each epoch's data order depends only on the seed
-  and the epoch, so the resumed run is bit-identical to an uninterrupted one). A checkpoint
+  With ``checkpoint_dir``, the state is saved after every epoch (and every
+  ``cfg.checkpoint_every`` steps inside one), numbered by the train steps taken, with a JSON
+  record of the progress: the epoch history and, inside an epoch, the Grain iterator's state
+  and the metrics of the steps taken. A run that finds a checkpoint there resumes from it
+  (each epoch's data order depends only on the seed and the epoch, and the iterator resumes
+  at its step, so the resumed run is bit-identical to an uninterrupted one). A checkpoint
   written on another number of devices is restored with its residual mass redistributed
   (:func:`train.checkpoint.restore_latest`).
   """
@@ -281,30 +284,44 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   train, evaluate = compile_steps(model, tx, mesh, specs, cfg.axis_name, task=ds.task,
                                   seed=cfg.seed)
   num_params = models.count(state.params)
-  history, first = [], 1
-  mgr = checkpoint.manager(checkpoint_dir) if checkpoint_dir else None
-  restored = mgr and checkpoint.restore_latest(mgr, state)
-  if restored:
-    done, state, history = restored
-    first = done + 1
-    log.info("%s: resumed from %s after epoch %d", variant.label, checkpoint_dir, done)
   steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
   if steps < 1:
     raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
                      f"({len(ds.train)} examples).")
-  loop = _Loop(variant.label, total=(cfg.epochs - first + 1) * steps,
+  mgr = checkpoint.manager(checkpoint_dir) if checkpoint_dir else None
+  restored = mgr and checkpoint.restore_latest(mgr, state)
+  at = _Position(epoch=1, done=0, rows=[], iterator=None)
+  history = []
+  if restored:
+    _, state, record = restored
+    history, at = record["history"], _Position(**record["position"])
+    log.info("%s: resumed from %s at epoch %d, step %d of %d", variant.label, checkpoint_dir,
+             at.epoch, at.done, steps)
+    if at.done >= steps:  # an epoch-end checkpoint: start the next epoch
+      at = _Position(epoch=at.epoch + 1, done=0, rows=[], iterator=None)
+  loop = _Loop(variant.label, total=(cfg.epochs - at.epoch + 1) * steps - at.done,
                log_every=cfg.log_every, progress=progress,
                wait_each_step=_rendezvous_hazard(mesh))
   sent = history[-1]["bytes_sent"] if history else 0.0
-  for epoch in range(first, cfg.epochs + 1):
-    for batch in input_pipeline.train_batches(ds.train, cfg.batch_size, mesh, cfg.axis_name,
-                                              seed=cfg.seed, epoch=epoch,
-                                              steps=cfg.steps_per_epoch,
-                                              workers=cfg.data_workers):
+  for epoch in range(at.epoch, cfg.epochs + 1):
+    resume = epoch == at.epoch and at.done > 0
+    loop.start_epoch(at.rows if resume else [])
+    batches = input_pipeline.train_batches(ds.train, cfg.batch_size, mesh, cfg.axis_name,
+                                           seed=cfg.seed, epoch=epoch,
+                                           steps=cfg.steps_per_epoch,
+                                           workers=cfg.data_workers,
+                                           state=at.iterator if resume else None)
+    for done, batch in enumerate(batches, start=at.done + 1 if resume else 1):
       batch = shard_rows(batch, mesh, cfg.axis_name, local=True)
       if loop.step_fn is None:
         loop.compile(train, state, batch)
       state = loop.step(state, batch, epoch)
+      step = (epoch - 1) * steps + done
+      if mgr and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and done < steps:
+        position = _Position(epoch, done, loop.rows_so_far(epoch).tolist(),
+                             batches.get_state())
+        checkpoint.save(mgr, step, state, {"history": history,
+                                           "position": position._asdict()})
     epoch_metrics = loop.fetch(epoch)  # (steps, 3): loss, metric, bytes per step
     sent += float(epoch_metrics[:, 2].sum())
     test_loss, test_metric = evaluate_model(evaluate, state, ds, mesh, cfg)
@@ -317,7 +334,8 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
     loop.log(f"epoch {epoch}/{cfg.epochs}: train loss {history[-1]['train_loss']:.4f}, "
              f"test {ds.metric} {test_metric:.4f}")
     if mgr:
-      checkpoint.save(mgr, epoch, state, history)
+      checkpoint.save(mgr, epoch * steps, state, {
+          "history": history, "position": _Position(epoch, steps, [], None)._asdict()})
   loop.close()
   if mgr:
     mgr.close()
@@ -326,6 +344,16 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   time_per_step = float(np.median(loop.times)) if loop.times else float("nan")
   return RunResult(variant.label, ds.metric, history, num_params, bytes_per_step,
                    time_per_step, state)
+
+
+class _Position(NamedTuple):
+  """Where a run is: ``done`` steps of ``epoch`` taken, their metric ``rows`` (loss,
+  metric, bytes) and the Grain iterator's state after them (None at an epoch's start)."""
+
+  epoch: int
+  done: int
+  rows: list
+  iterator: dict | None
 
 
 def _rendezvous_hazard(mesh: jax.sharding.Mesh) -> bool:
@@ -393,8 +421,17 @@ class _Loop:
     elif announce and not self.quiet:
       log.info("%s: step %d/%d, loss %.4f", self.label, self.done, self.total, rows[-1, 0])
 
+  def start_epoch(self, rows: list) -> None:
+    """Starts an epoch's metrics, with the rows of steps a checkpoint already took."""
+    self.epoch_rows = [np.asarray(rows, np.float64).reshape(-1, 3)]
+
+  def rows_so_far(self, epoch: int) -> np.ndarray:
+    """This epoch's ``(steps, 3)`` metrics (loss, metric, bytes) up to now, fetched now."""
+    self._drain(epoch, announce=False)
+    return np.concatenate(self.epoch_rows)
+
   def fetch(self, epoch: int) -> np.ndarray:
-    """This epoch's ``(steps, 3)`` metrics (loss, metric, bytes), fetched now."""
+    """This epoch's ``(steps, 3)`` metrics, fetched now; the next epoch starts empty."""
     self._drain(epoch, announce=False)  # the epoch's own line follows
     rows, self.epoch_rows = np.concatenate(self.epoch_rows), []
     return rows

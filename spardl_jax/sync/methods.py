@@ -112,7 +112,8 @@ def describe() -> str:
 
 def init_rows(method: AllReduce, p: int, n: int, dtype=jnp.float32):
   """``method``'s initial state for ``p`` devices: every leaf gets a leading ``(p,)`` axis."""
-  return jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)), method.init(n=n, dtype=dtype, p=p))
+  return jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)),
+                      method.init(n=n, dtype=dtype, p=p))
 
 
 def abstract_rows(method: AllReduce, p: int, n: int, sharding, dtype=jnp.float32):

@@ -15,13 +15,27 @@ EPOCH, STEP = int(sys.argv[1]), int(sys.argv[2])
 _batches = input_pipeline.train_batches
 
 
-def batches_then_die(*args, epoch, **kwargs):
-  for step, batch in enumerate(_batches(*args, epoch=epoch, **kwargs)):
-    if epoch == EPOCH and step == STEP and os.environ.get("SPARDL_PROCESS_ID") == "1":
+class BatchesThenDie:
+  """The trainer's batch iterator (Grain's, checkpointable), but rank 1 dies at STEP of
+  EPOCH: before handing out that batch, STEP batches into the epoch."""
+
+  def __init__(self, *args, epoch, **kwargs):
+    self.batches = _batches(*args, epoch=epoch, **kwargs)
+    self.epoch, self.taken = epoch, 0
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    if (self.epoch, self.taken) == (EPOCH, STEP) and os.environ.get("SPARDL_PROCESS_ID") == "1":
       os.kill(os.getpid(), signal.SIGKILL)
-    yield batch
+    self.taken += 1
+    return next(self.batches)
+
+  def get_state(self):
+    return self.batches.get_state()
 
 
-input_pipeline.train_batches = batches_then_die
+input_pipeline.train_batches = BatchesThenDie
 sys.argv = ["train"] + sys.argv[sys.argv.index("--") + 4:]  # after "-- python -m train"
 runpy.run_module("train", run_name="__main__")

@@ -83,25 +83,27 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_a_rank_killed_mid_epoch_resumes_bit_identically(job, tmp_path, monkeypatch):
-  """`launch --processes 2 -- python -m train --checkpoint` with rank 1 SIGKILLed in the
-  middle of epoch 2: the launcher stops the job; the same command again resumes from the
-  epoch-1 checkpoint and ends with the parameters and residuals of an uninterrupted run
-  (the `job` fixture's, itself equal to one process with 4 devices)."""
+  """`launch --processes 2 -- python -m train --checkpoint --checkpoint-every 10` with rank 1
+  SIGKILLed at step 15 of epoch 2 (22 steps an epoch): the launcher stops the job; the same
+  command again resumes from the checkpoint of step 30, step 8 of epoch 2 (the Grain
+  iterator and the epoch's metrics so far included) and ends with the parameters and residuals of an
+  uninterrupted run (the `job` fixture's, itself equal to one process with 4 devices)."""
   monkeypatch.setenv("PYTHONPATH", REPO)  # `python -m train` runs from the repository
   flags = ["--model", "mlp", "--model-size", "tiny", "--dataset", "digits", "--epochs", "2",
            "--batch-size", "64", "--method", "spardl", "--density", "0.05", "--checkpoint",
-           "--no-progress", "--out", str(tmp_path)]
+           "--checkpoint-every", "10", "--no-progress", "--out", str(tmp_path)]
   train = ["python", "-m", "train", *flags]
   out = io.StringIO()
-  code = launch.launch([sys.executable, KILLER, "2", "5", "--", *train], processes=2,
+  code = launch.launch([sys.executable, KILLER, "2", "15", "--", *train], processes=2,
                        devices_per_process=2, timeout=240, out=out)
   assert code != 0 and "rank 1 exited with -9" in out.getvalue(), out.getvalue()
   ckpt = tmp_path / "checkpoints" / "spardl"
-  assert sorted(os.listdir(ckpt)) == ["1"]  # killed after epoch 1's checkpoint, before 2's
+  # Numbered by steps taken: every 10th and each epoch's end (22); the newest two are kept.
+  assert sorted(os.listdir(ckpt), key=int) == ["22", "30"]
   out = io.StringIO()
   code = launch.launch([sys.executable, "-m", "train", *flags], processes=2,
                        devices_per_process=2, timeout=240, out=out)
-  assert code == 0 and "resumed from" in out.getvalue(), out.getvalue()
+  assert code == 0 and "at epoch 2, step 8 of 22" in out.getvalue(), out.getvalue()
 
   from models import create
   from train import checkpoint, data
@@ -113,9 +115,9 @@ def test_a_rank_killed_mid_epoch_resumes_bit_identically(job, tmp_path, monkeypa
   like, _ = create_train_state(jax.random.key(0), create(cfg.model, cfg.model_size, **ds.info),
                                tx, ds.train.take(np.arange(1))[0], make_mesh(4), "data")
   mgr = checkpoint.manager(str(ckpt))
-  epoch, state, _ = checkpoint.restore_latest(mgr, like)
+  step, state, _ = checkpoint.restore_latest(mgr, like)
   mgr.close()
-  assert epoch == 2
+  assert step == 44
   for i, leaf in enumerate(jax.tree.leaves(state.params)):
     np.testing.assert_array_equal(job[f"param_{i}"], np.asarray(leaf))
   residual = np.asarray(state.opt_state[0].method_state.residual)

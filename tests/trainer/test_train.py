@@ -101,6 +101,28 @@ def test_resume_from_checkpoint_is_bit_identical(digits, tmp_path):
   assert resumed.history == whole.history
 
 
+def test_resume_mid_epoch_is_bit_identical(digits, tmp_path):
+  """A checkpoint every 4 steps and at each epoch's end (10 steps an epoch: 4, 8, 10, 12, 16,
+  20; the manager keeps the newest two). Without the epoch-2 end, the newest is step 16, step
+  6 of epoch 2: resumed from there, the rest of the epoch repeats exactly (state and history
+  equal an uninterrupted run's)."""
+  cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=4, epochs=2,
+                    batch_size=64, steps_per_epoch=10, checkpoint_every=4)
+  mesh = make_mesh(4)
+  whole = train_and_evaluate(cfg, SPARDL, digits, mesh, progress=False)
+  ckpt = str(tmp_path / "ckpt")
+  train_and_evaluate(cfg, SPARDL, digits, mesh, progress=False, checkpoint_dir=ckpt)
+  from train import checkpoint
+  mgr = checkpoint.manager(ckpt)
+  assert mgr.all_steps() == [16, 20]
+  mgr.delete(20)  # as if the run had stopped inside epoch 2
+  mgr.close()
+  resumed = train_and_evaluate(cfg, SPARDL, digits, mesh, progress=False, checkpoint_dir=ckpt)
+  for a, b in zip(jax.tree.leaves(whole.state), jax.tree.leaves(resumed.state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert resumed.history == whole.history
+
+
 def test_restore_onto_other_device_counts_keeps_residual_mass(digits, tmp_path):
   """8 -> 4 -> 6 devices: params carry over exactly, the residual total is kept, the h
   controller and statistics start afresh, and training goes on."""
@@ -122,9 +144,10 @@ def test_restore_onto_other_device_counts_keeps_residual_mass(digits, tmp_path):
     like, _ = create_train_state(jax.random.key(1), create("mlp", "tiny", num_classes=10), tx,
                                  digits.train.take(np.arange(1))[0], mesh, "data")
     mgr = checkpoint.manager(ckpt)
-    epoch, state, history = checkpoint.restore_latest(mgr, like)
+    step, state, progress = checkpoint.restore_latest(mgr, like)
     mgr.close()
-    assert epoch == epochs - 1 and len(history) == epoch
+    # Checkpoints are numbered by the steps taken (6 an epoch); the history has every epoch.
+    assert step == 6 * (epochs - 1) and len(progress["history"]) == epochs - 1
     residual = np.asarray(state.opt_state[0].method_state.residual)
     assert residual.shape[0] == devices
     np.testing.assert_allclose(residual.astype(np.float64).sum(0), total, rtol=0,
