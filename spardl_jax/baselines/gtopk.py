@@ -20,7 +20,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from spardl_jax.baselines.common import (Baseline, ResidualState, check_local, init_residual, local_topk,
+from spardl_jax.baselines.common import (Baseline, ResidualState, check_local, local_topk,
                                          topk_count)
 from spardl_jax.core import messages, protocol
 from spardl_jax.core.config import DensityConfig
@@ -31,8 +31,6 @@ from spardl_jax.core.sparse import INVALID, merge_with_partner
 class GTopkConfig(DensityConfig):
   """``density``: fraction ``k / n`` kept by every selection, in (0, 1]."""
 
-
-init_state = init_residual
 
 
 def reduce_pairs(p: int, j: int) -> list[tuple[int, int]]:

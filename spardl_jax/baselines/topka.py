@@ -18,7 +18,7 @@ from typing import ClassVar
 import jax
 
 from spardl_jax.baselines.common import (Baseline, ResidualState, allgather, check_local, densify,
-                                         init_residual, local_topk, topk_count)
+                                         local_topk, topk_count)
 from spardl_jax.core import messages, protocol
 from spardl_jax.core.config import DensityConfig
 
@@ -27,8 +27,6 @@ from spardl_jax.core.config import DensityConfig
 class TopkAConfig(DensityConfig):
   """``density``: fraction ``k / n`` of the local gradient each worker sends, in (0, 1]."""
 
-
-init_state = init_residual
 
 
 def formula(p: int, n: int, config: TopkAConfig, itemsize: int = 4) -> dict:

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from spardl_jax.baselines.common import (Baseline, ResidualState, allgather, check_local, densify,
-                                         exchange, init_residual, local_topk, scatter_table,
+                                         exchange, local_topk, scatter_table,
                                          topk_count)
 from spardl_jax.core import messages, protocol
 from spardl_jax.core.config import DensityConfig, check_positive
@@ -49,8 +49,6 @@ class TopkDSAConfig(DensityConfig):
     super().__post_init__()
     check_positive(self, "capacity")
 
-
-init_state = init_residual
 
 
 def sizes(p: int, n: int, config: TopkDSAConfig) -> tuple[int, int, int, bool]:
