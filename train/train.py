@@ -377,7 +377,8 @@ class _Loop:
     self.label, self.total, self.log_every = label, total, log_every
     self.wait_each_step = wait_each_step
     self.interactive = progress and jax.process_index() == 0 and sys.stderr.isatty()
-    self.quiet = not progress or jax.process_index() != 0
+    self.logging = jax.process_index() == 0  # one process logs
+    self.quiet = not progress or not self.logging  # no bar or step lines
     self.step_fn, self.bar = None, None
     self.pending, self.epoch_rows, self.times = [], [], []
     self.last_bytes, self.interval_start, self.done = None, None, 0
@@ -437,7 +438,8 @@ class _Loop:
     return rows
 
   def log(self, message: str) -> None:
-    if self.quiet:
+    """A line of the run's record (the compile, each epoch), also with progress off."""
+    if not self.logging:
       return
     if self.bar is not None:
       self.bar.write(f"{self.label}: {message}")

@@ -6,6 +6,7 @@ Usage::
   python -m spardl_jax.bench --devices 8,14 --n 14.7e6 --out bench_out
   python -m spardl_jax.bench --devices 12,14 --n 14.7e6 --methods spardl --teams all
   python -m spardl_jax.bench --methods spardl,dense --n 1e6 --trace bench_out/trace
+  python -m spardl_jax.bench --selection --n 1e6,14.7e6 --densities 0.01,0.001
 
 For each device count ``P``, gradient size ``n`` and method (SparDL once per team count
 ``d``) it reports:
@@ -22,7 +23,14 @@ For each device count ``P``, gradient size ``n`` and method (SparDL once per tea
 * the paper's Table 1 (latency and bandwidth cost) evaluated beside the measurement.
 
 B-SAG traffic is read from the branch of the largest message, ``h = kb``, the model's
-assumption. ``--out`` writes ``results.json`` and ``modeled_time.png`` (modeled time vs
+assumption.
+
+``--selection`` times the selection alone instead, on one device of whatever backend runs
+it: SparDL's exact block selection (two-stage bisection, :mod:`spardl_jax.core.topk`) of the
+top ``k = ceil(density * n)`` of one ``(n,)`` vector, against ``lax.top_k`` (exact, sorted)
+and ``lax.approx_max_k`` (approximate, recall target 0.95), plus one dense elementwise pass
+over the vector (the memory floor), each the median of ``--repeats`` after a warm-up; ours
+is checked to return exactly ``lax.top_k``'s index set. ``--out`` writes ``results.json`` and ``modeled_time.png`` (modeled time vs
 ``P`` per method). ``--trace`` writes Perfetto traces of a few calls (ui.perfetto.dev).
 """
 
@@ -78,6 +86,10 @@ def _parse_args(argv):
   parser.add_argument("--max-memory-gb", type=float, default=6.0,
                       help="time a configuration only if its arrays fit in this much memory")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--selection", action="store_true",
+                      help="time the top-k selection alone (see above) instead of all-reduces")
+  parser.add_argument("--densities", default="0.01,0.001",
+                      help="with --selection: densities, comma separated (default 0.01,0.001)")
   parser.add_argument("--out", help="directory for results.json and modeled_time.png")
   parser.add_argument("--trace", help="directory for Perfetto traces")
   args = parser.parse_args(argv)
@@ -253,8 +265,73 @@ def plot(rows: list[dict], path: str) -> None:
   plt.close(fig)
 
 
+def run_selection(args) -> list[dict]:
+  """One row per (n, density): seconds per call of each selection and the dense pass."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from spardl_jax.core import topk
+
+  def ours(x, k):
+    chunk = topk.chunk_size(x.shape[0], k)
+    buf = jnp.pad(x, (0, -(-x.shape[0] // chunk) * chunk - x.shape[0]))[None]
+    return topk.block_topk(buf, jnp.zeros((1,), jnp.int32), k, chunk)[0][0]
+
+  candidates = {
+      "spardl": ours,
+      "top_k": lambda x, k: jax.lax.top_k(jnp.abs(x), k)[1],
+      "approx_max_k": lambda x, k: jax.lax.approx_max_k(jnp.abs(x), k)[1],
+      "dense_pass": lambda x, k: jnp.abs(x) * 2,
+  }
+  densities = [float(d) for d in args.densities.split(",")]
+  rows = []
+  for n in args.n:
+    x = jax.random.normal(jax.random.key(args.seed), (n,), jnp.float32)
+    for density in densities:
+      k = max(1, int(np.ceil(density * n)))
+      row = {"n": n, "density": density, "k": k, "backend": jax.default_backend()}
+      outputs = {}
+      for name, fn in candidates.items():
+        compiled = jax.jit(fn, static_argnums=1).lower(x, k).compile()
+        outputs[name] = jax.block_until_ready(compiled(x))  # warm-up
+        times = []
+        for _ in range(args.repeats):
+          start = time.perf_counter()
+          jax.block_until_ready(compiled(x))
+          times.append(time.perf_counter() - start)
+        row[f"{name}_s"] = statistics.median(times)
+      row["exact"] = bool(np.array_equal(np.sort(np.asarray(outputs["spardl"])),
+                                         np.sort(np.asarray(outputs["top_k"]))))
+      rows.append(row)
+      print(format_selection([row]).splitlines()[-1], flush=True)
+  return rows
+
+
+def format_selection(rows: list[dict]) -> str:
+  lines = ["| n | density | k | SparDL selection (s) | lax.top_k (s) | lax.approx_max_k (s) "
+           "| dense pass (s) | top_k / SparDL | exact |", "|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['n']:,} | {r['density']:g} | {r['k']:,} | {r['spardl_s']:.4f} | "
+                 f"{r['top_k_s']:.4f} | {r['approx_max_k_s']:.4f} | {r['dense_pass_s']:.4f} | "
+                 f"{r['top_k_s'] / r['spardl_s']:.1f}x | {r['exact']} |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
   args = _parse_args(sys.argv[1:] if argv is None else argv)
+  if args.selection:
+    import jax
+    rows = run_selection(args)
+    print(f"\nSelection of the top k (one device, {jax.devices()[0].device_kind}, "
+          f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}; "
+          f"median of {args.repeats})")
+    print(format_selection(rows))
+    if args.out:
+      os.makedirs(args.out, exist_ok=True)
+      with open(os.path.join(args.out, "selection.json"), "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+    return 0
   import jax
   # Before JAX starts its CPU backend; ignored on GPU hosts, which use their real devices.
   jax.config.update("jax_num_cpu_devices", max(args.devices))
