@@ -76,3 +76,8 @@ def oktopk(p: int, n: int, density: float, capacity: float = 2.0,
   """P - 1 direct rounds of c pairs, then a Bruck gather of c pairs per worker."""
   c = max(1, min(n, math.ceil(capacity * k(n, density) / p)))
   return {"rounds": (p - 1) + log(p), "bytes": (p - 1) * 2 * c * (4 + value_bytes)}
+
+
+def dense_bf16(p: int, n: int) -> int:
+  """Bytes per device of a ring all-reduce in bfloat16: 2 (P - 1) chunks of ceil(n / P)."""
+  return 2 * (p - 1) * math.ceil(n / p) * 2

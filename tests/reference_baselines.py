@@ -129,3 +129,25 @@ def oktopk(xs, state, density, capacity=2.0, tau=32, tau_regions=32):
     bounds = np.concatenate([[0], ordered[(np.arange(1, p) * len(ordered)) // p], [n]])
   return y, {"residual": residual, "local": local, "global": np.float32(threshold),
              "bounds": bounds, "step": state["step"] + 1}
+
+
+def dense_bf16(xs):
+  """DDP's bf16 compression over a ring: each device's x / P rounded to bfloat16; chunk j
+  (of ceil(n / P)) summed in bfloat16 in ring order from device j (each addition rounded);
+  the sums cast back to float32."""
+  import ml_dtypes
+
+  bf16 = ml_dtypes.bfloat16
+  p, n = xs.shape
+  c = math.ceil(n / p)
+  terms = np.zeros((p, p * c), np.float32)
+  terms[:, :n] = xs / np.float32(p)
+  terms = terms.astype(bf16).reshape(p, p, c)  # [device, chunk, entry]
+  out = np.zeros((p, c), bf16)
+  for j in range(p):
+    total = terms[j, j]
+    for step in range(1, p):
+      total = (terms[(j + step) % p, j].astype(np.float32)
+               + total.astype(np.float32)).astype(bf16)
+    out[j] = total
+  return out.reshape(-1)[:n].astype(np.float32)

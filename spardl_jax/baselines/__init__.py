@@ -1,6 +1,6 @@
 """The competitors of the paper, each registered as an all-reduce on import.
 
-``dense`` (``pmean``), ``topka`` (all-gather of local top-k), ``topkdsa`` (SparCML's
+``dense`` (``pmean``), ``dense_bf16`` (``pmean`` in bfloat16), ``topka`` (all-gather of local top-k), ``topkdsa`` (SparCML's
 split-reduce-gather), ``gtopk`` (tree merge) and ``oktopk`` (Ok-Topk). They share the sparse
 maths of :mod:`spardl_jax.core.sparse` and the helpers of :mod:`.common`; SparDL's core
 knows nothing of them.

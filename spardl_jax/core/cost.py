@@ -94,7 +94,7 @@ def paper_table1(method: str, p: int, n: int, k: int, d: int = 1, *, sag: str = 
   number of selected entries. Dense is the ring all-reduce (not in the table)."""
   lg = math.log2(p) if p > 1 else 0.0
   f = (p - 1) / p
-  if method == "dense":
+  if method in ("dense", "dense_bf16"):  # the same elements (bfloat16 halves their bytes)
     return {"rounds": 2 * (p - 1), "elements": (2 * f * n,) * 2}
   if method == "topka":
     return {"rounds": lg, "elements": (2 * (p - 1) * k,) * 2}

@@ -133,12 +133,12 @@ def _teams(args, p: int) -> list[int]:
 
 def _variants(args, p: int):
   """``(label, method, teams)`` for every method (SparDL once per team count)."""
-  from spardl_jax.core import cost
+  from spardl_jax.core import cost, protocol
   from spardl_jax.sync import methods
 
   for name in args.methods:
-    if name == "dense":
-      yield "dense", methods.make("dense"), None
+    if protocol.registered()[name].Config is None:  # dense, dense_bf16: no options
+      yield name, methods.make(name), None
     elif name == "spardl":
       for d in _teams(args, p):
         label = "spardl" if d == 1 else f"spardl d={d} ({cost.sag_kind(d, args.sag)[0].upper()}-SAG)"
@@ -179,7 +179,7 @@ def run(args) -> list[dict]:
       compiled = methods.sharded(method, mesh, axis).lower(x_spec, state_spec).compile()
       measured = traffic.parse_hlo(compiled.as_text()).branch(-1)
       formula = method.formula(p=p, n=n, itemsize=4)
-      if method.name == "dense":
+      if not measured.permutes:  # dense: one XLA all-reduce
         # One all-reduce op of S bytes (measured); XLA picks its algorithm, so the rounds and
         # bytes are those of a ring all-reduce of S: 2 (P - 1) rounds, 2 (P - 1) S / P bytes.
         size = sum(c.bytes for c in measured.others if c.op.startswith("all-reduce"))

@@ -136,6 +136,24 @@ def test_dense_is_one_allreduce_of_the_gradient(p):
   assert hlo.largest_other() == 3000
 
 
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
+def test_dense_bf16_matches_its_numpy_model_and_the_ring_cost(p):
+  """x / P rounded to bfloat16, summed in bfloat16 around the ring, cast back: bit for bit
+  the NumPy model's, the same on every device, no state; bfloat16 on the wire (2 (P - 1)
+  rounds of ceil(n / P) values)."""
+  n = 1237
+  method = sj.methods.make("dense_bf16")
+  xs = harness.gradients(np.random.default_rng(p), p, n, heavy_tails=True)
+  ys, state = run(p, method, xs, harness.method_rows(p, n, method))
+  assert state == () and ys.dtype == np.float32
+  np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
+  np.testing.assert_array_equal(ys[0], reference_baselines.dense_bf16(xs))
+  assert p == 1 or not np.array_equal(ys[0], xs.mean(0))  # really rounded
+  hlo = harness.method_traffic(p, n, method)
+  assert not hlo.others and hlo.rounds == 2 * (p - 1)
+  assert [hlo.bytes_sent(d) for d in range(p)] == [formulas.dense_bf16(p, n)] * p
+
+
 def test_gtopk_bytes_per_device_follow_the_tree():
   """The code's own gTopk formula (used for SyncStats) agrees with the tree, rank by rank."""
   k_pair = 10 * 8

@@ -39,8 +39,11 @@ def test_bench_all_methods_side_by_side(tmp_path):
   rows = bench.run(args)
   assert [r["method"] for r in rows] == list(bench.METHODS)
   by_name = {r["method"]: r for r in rows}
-  # Dense: the all-reduce's measured operand (n float32) through a ring, 2 (P - 1) / P of it.
+  # Dense: the all-reduce's measured operand (n float32) through a ring, 2 (P - 1) / P of it;
+  # dense_bf16: its own ring of bfloat16 permutes, half the bytes.
   assert by_name["dense"]["hlo_bytes_per_device"] == 2 * 3 * 4000 * 4 // 4
+  assert by_name["dense_bf16"]["hlo_bytes_per_device"] == formulas.dense_bf16(4, 4000)
+  assert formulas.dense_bf16(4, 4000) == 2 * 3 * 4000 * 2 // 4
   assert by_name["spardl"]["hlo_bytes_per_device"] == formulas.spardl(4, 4000, 0.01)["bytes"]
   assert by_name["topka"]["hlo_bytes_per_device"] == formulas.topka(4, 4000, 0.01)["bytes"]
   for r in rows:
