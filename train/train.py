@@ -290,15 +290,14 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                      f"({len(ds.train)} examples).")
   mgr = checkpoint.manager(checkpoint_dir) if checkpoint_dir else None
   restored = mgr and checkpoint.restore_latest(mgr, state)
-  at = _Position(epoch=1, done=0, rows=[], iterator=None)
-  history = []
+  at, history = _Position.start(1), []
   if restored:
     _, state, record = restored
     history, at = record["history"], _Position(**record["position"])
     log.info("%s: resumed from %s at epoch %d, step %d of %d", variant.label, checkpoint_dir,
              at.epoch, at.done, steps)
     if at.done >= steps:  # an epoch-end checkpoint: start the next epoch
-      at = _Position(epoch=at.epoch + 1, done=0, rows=[], iterator=None)
+      at = _Position.start(at.epoch + 1)
   loop = _Loop(variant.label, total=(cfg.epochs - at.epoch + 1) * steps - at.done,
                log_every=cfg.log_every, progress=progress,
                wait_each_step=_rendezvous_hazard(mesh))
@@ -354,6 +353,11 @@ class _Position(NamedTuple):
   done: int
   rows: list
   iterator: dict | None
+
+  @classmethod
+  def start(cls, epoch: int) -> "_Position":
+    """The start of ``epoch``: nothing taken yet."""
+    return cls(epoch, 0, [], None)
 
 
 def _rendezvous_hazard(mesh: jax.sharding.Mesh) -> bool:

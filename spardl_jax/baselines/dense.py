@@ -17,13 +17,11 @@ def formula(p: int, n: int, itemsize: int = 4) -> dict:
   return {"rounds": 2 * (p - 1), "bytes": 2 * (p - 1) * n * itemsize // p}
 
 
-@protocol.register
 @dataclasses.dataclass(frozen=True)
-class Dense:
-  """``jax.lax.pmean`` (an XLA all-reduce), with no state and no options."""
+class _Stateless:
+  """What the dense all-reduces share: no options, no state, the same bytes on every
+  device (their ``formula``), and every NaN or inf reaching the sum."""
 
-  name: ClassVar[str] = "dense"
-  summary: ClassVar[str] = "pmean (ring all-reduce)"
   Config: ClassVar[None] = None
   nonfinite_reaches_result: ClassVar[bool] = True  # a sum with a NaN or inf is not finite
   config: None = None
@@ -32,15 +30,24 @@ class Dense:
     del n, dtype, p
     return ()
 
+  def stats(self, *, n: int, p: int, itemsize: int, state, rank):
+    del state, rank
+    return self.formula(p=p, n=n, itemsize=itemsize)["bytes"], 0
+
+
+@protocol.register
+@dataclasses.dataclass(frozen=True)
+class Dense(_Stateless):
+  """``jax.lax.pmean`` (an XLA all-reduce), with no state and no options."""
+
+  name: ClassVar[str] = "dense"
+  summary: ClassVar[str] = "pmean (ring all-reduce)"
+
   def apply(self, x, state, *, axis_name):
     return jax.lax.pmean(x, axis_name), state
 
   def formula(self, *, p: int, n: int, itemsize: int) -> dict:
     return formula(p, n, itemsize)
-
-  def stats(self, *, n: int, p: int, itemsize: int, state, rank):
-    del state, rank
-    return formula(p, n, itemsize)["bytes"], 0
 
 
 def ring_formula(p: int, n: int, value_bytes: int = 2) -> dict:
@@ -73,7 +80,7 @@ def ring_allreduce(chunks: jax.Array, axis_name) -> jax.Array:
 
 @protocol.register
 @dataclasses.dataclass(frozen=True)
-class DenseBF16:
+class DenseBF16(_Stateless):
   """A dense all-reduce in bfloat16, as PyTorch DDP's ``bf16_compress_hook`` and Horovod's
   compression do: each device divides its gradient by ``P``, casts it to bfloat16, the
   devices sum it in bfloat16, and the sum is cast back to the gradient's dtype. The cast
@@ -90,13 +97,6 @@ class DenseBF16:
 
   name: ClassVar[str] = "dense_bf16"
   summary: ClassVar[str] = "pmean in bfloat16, cast error not fed back"
-  Config: ClassVar[None] = None
-  nonfinite_reaches_result: ClassVar[bool] = True  # bfloat16 keeps NaN and inf
-  config: None = None
-
-  def init(self, *, n: int, dtype, p: int) -> tuple:
-    del n, dtype, p
-    return ()
 
   def apply(self, x, state, *, axis_name):
     p, n = jax.lax.axis_size(axis_name), x.shape[0]
@@ -107,7 +107,3 @@ class DenseBF16:
   def formula(self, *, p: int, n: int, itemsize: int) -> dict:
     del itemsize  # bfloat16 on the wire, whatever the gradient's dtype
     return ring_formula(p, n)
-
-  def stats(self, *, n: int, p: int, itemsize: int, state, rank):
-    del state, rank
-    return ring_formula(p, n)["bytes"], 0

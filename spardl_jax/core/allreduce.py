@@ -67,20 +67,25 @@ def check_dtype(name: str, dtype, *, who: str = "spardl") -> None:
                     f"{np.dtype(dtype).name}.{extra}")
 
 
+def bound_axes() -> list[str]:
+  """The mesh axes bound here: shard_map makes its mesh's axes manual in the abstract mesh
+  it sets while tracing (empty outside shard_map)."""
+  return sorted(map(str, getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ())))
+
+
 def _axis_size(axis_name) -> int:
   """The size of ``axis_name``, with a clear error when it is not bound."""
   try:
     return jax.lax.axis_size(axis_name)
   except NameError:
-    # shard_map makes its mesh's axes manual in the abstract mesh it sets while tracing.
-    bound = getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ())
+    bound = bound_axes()
     if not bound:
       raise ValueError(
           f"spardl_allreduce must be called inside jax.shard_map over axis_name="
           f"{axis_name!r}; no mesh axis is bound here (called outside shard_map?).") from None
     raise ValueError(
         f"spardl_allreduce: axis_name={axis_name!r} is not a bound mesh axis; the bound axes "
-        f"here are {sorted(map(str, bound))}.") from None
+        f"here are {bound}.") from None
 
 
 def _validate(x: jax.Array, state: SparDLState, config: SparDLConfig) -> None:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from spardl_jax.core.allreduce import bound_axes
 from spardl_jax.core.config import ETHERNET_10G, Residuals, Sag
 from spardl_jax.sync import methods
 
@@ -75,13 +76,13 @@ def _devices(axis_name, axis_size: int | None) -> tuple[int, int]:
     pass
   if axis_size is not None:
     return axis_size, axis_size
-  mesh = jax.sharding.get_abstract_mesh()
-  bound = getattr(mesh, "manual_axes", ())  # shard_map makes its axes manual while tracing
+  bound = bound_axes()
   if bound:
     raise ValueError(
         f"sync_gradients: axis_name={axis_name!r}, but init runs inside jax.shard_map over "
-        f"the axes {sorted(map(str, bound))}; pass the data-parallel axis of that mesh as "
+        f"the axes {bound}; pass the data-parallel axis of that mesh as "
         f"axis_name (the same to the transformation and to init_opt_state).")
+  mesh = jax.sharding.get_abstract_mesh()
   if axis_name in mesh.axis_names:
     return mesh.shape[axis_name], mesh.shape[axis_name]
   raise ValueError(
