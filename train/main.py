@@ -123,7 +123,7 @@ def main(argv=None) -> int:
   args = _parse_args(argv)
   try:
     return run(args)
-  except (UsageError, ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as error:
+  except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as error:  # UsageError too
     if args.debug:
       raise
     print(f"python -m train: error: {error}", file=sys.stderr)
