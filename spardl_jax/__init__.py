@@ -18,6 +18,8 @@ from spardl_jax.core.allreduce import SparDLState, init_state, spardl_allreduce
 from spardl_jax.core.config import BlockLayout, SparDLConfig
 from spardl_jax.parallel import distributed
 from spardl_jax.sync import methods
+from spardl_jax.sync.levels import density_warmup
+from spardl_jax.sync.adam import ScaleByFrozenAdamState, scale_by_frozen_adam
 from spardl_jax.sync.data_parallel import init_opt_state, opt_state_shardings, opt_state_specs
 from spardl_jax.sync.methods import sharded_allreduce
 from spardl_jax.sync.transform import SyncState, SyncStats, spardl, sync_gradients, sync_stats
@@ -27,14 +29,17 @@ __all__ = (
     "BlockLayout",
     "SparDLConfig",
     "SparDLState",
+    "ScaleByFrozenAdamState",
     "SyncState",
     "SyncStats",
+    "density_warmup",
     "distributed",
     "init_opt_state",
     "init_state",
     "methods",
     "opt_state_shardings",
     "opt_state_specs",
+    "scale_by_frozen_adam",
     "schedule",
     "sharded_allreduce",
     "spardl",

@@ -81,3 +81,8 @@ def oktopk(p: int, n: int, density: float, capacity: float = 2.0,
 def dense_bf16(p: int, n: int) -> int:
   """Bytes per device of a ring all-reduce in bfloat16: 2 (P - 1) chunks of ceil(n / P)."""
   return 2 * (p - 1) * math.ceil(n / p) * 2
+
+
+def dense(p: int, n: int, itemsize: int = 4) -> dict:
+  """A ring all-reduce (XLA's): 2 (P - 1) rounds, each device sends 2 (P - 1) / P of n."""
+  return {"rounds": 2 * (p - 1), "bytes": 2 * (p - 1) * n * itemsize // p}

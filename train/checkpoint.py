@@ -9,9 +9,12 @@ state and the metrics of the steps taken), so a resume mid-epoch repeats the res
 A checkpoint can also be restored onto a different number of devices ``P'``. The per-device
 leaves are then rebuilt so that no gradient mass is lost:
 
-* every ``residual`` is folded to its sum over the ``P`` saved rows and spread evenly over
-  ``P'`` rows (the sum is taken in float64; the last row absorbs the rounding, so the rows
-  add up to the saved total within one float32 rounding);
+* every ``residual`` and every momentum-correction ``velocity`` is folded to its sum over
+  the ``P`` saved rows and spread evenly over ``P'`` rows (the sum is taken in float64; the
+  last row absorbs the rounding, so the rows add up to the saved total within one float32
+  rounding): both are per-device sums of gradient mass the next syncs still deliver;
+* the sync's step ``count`` (the same on every device) is kept, so a dense warm-up or a
+  density schedule goes on where it was;
 * the gradients an ``optax.MultiSteps`` accumulated are averaged over the saved devices
   and every new device gets that mean, so the mean the next sync sees is unchanged;
 * the rest (the B-SAG ``h`` controller, Ok-Topk thresholds, sync statistics) depends on
@@ -78,8 +81,10 @@ def _axis_size(sharding, spec) -> int:
 def _redistribute(path: tuple[str, ...], saved: np.ndarray, like: jax.Array,
                   old_devices: int) -> np.ndarray:
   devices = like.sharding.mesh.shape[like.sharding.spec[0]]
-  if path[-1] == "residual":
+  if path[-1] in ("residual", "velocity"):
     return fold_residual(saved, devices)
+  if path[-1] == "count":
+    return np.full((devices,), saved[0], saved.dtype)
   if "acc_grads" in path:
     mean = saved.reshape(old_devices, -1, *saved.shape[1:]).mean(axis=0)
     return np.concatenate([mean] * devices).astype(saved.dtype)

@@ -7,6 +7,20 @@ import dataclasses
 from spardl_jax import methods
 
 
+# Options of a variant beyond its method's own (``spardl:warmup=93:momentum=0.9``): how the
+# sync converges and the optimizer after it (see ``make_optimizer`` in train/train.py).
+TUNING: dict[str, type] = {
+    "warmup": int,        # dense syncs first (sync_gradients' warmup_steps)
+    "ramp": int,          # steps of DGC's density warm-up after the dense one
+    "momentum": float,    # DGC momentum correction before the sync; the SGD after has none
+    "masking": int,       # DGC momentum factor masking, 1 (default) or 0
+    "clip": float,        # DGC local gradient clipping threshold
+    "lr": float,          # this variant's learning rate (default: --lr, see make_optimizer)
+    "opt_momentum": float,  # this variant's SGD momentum or AdamW b1 (default: --momentum, 0.9)
+    "freeze": int,        # AdamW only: freeze the second moment after this many steps
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """One gradient-sync method to train with.
@@ -15,11 +29,14 @@ class Variant:
     label: the name in tables and plots, e.g. ``spardl:density=0.001``.
     method: a name from :data:`spardl_jax.methods.METHODS`.
     options: the method's options (``density``, ``teams``, ``residuals`` for SparDL).
+    tuning: the :data:`TUNING` options (sync warm-ups, momentum correction, clipping, and the
+      optimizer's learning rate and momentum for this variant).
   """
 
   label: str
   method: str
   options: dict
+  tuning: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +50,7 @@ class TrainConfig:
   batch_size: int = 128
   lr: float = 0.05
   momentum: float = 0.9  # SGD's
+  lr_schedule: str = "constant"  # or "cosine" (to 0 over the run)
   optimizer: str = "sgd"  # or "adamw" (BERT)
   weight_decay: float = 0.01  # AdamW's
   seed: int = 0
@@ -48,9 +66,29 @@ class TrainConfig:
   checkpoint_every: int | None = None  # steps between checkpoints inside an epoch
 
 
-def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:
-  """``method[:key=value...]`` (see :func:`spardl_jax.methods.parse`) -> :class:`Variant`;
-  options not in ``text`` come from ``--density``, ``--teams``, ``--sag``, ``--residuals``."""
-  method, options = methods.parse(text, density=density, teams=teams, sag=sag,
+def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str,
+                  defaults: dict | None = None) -> Variant:
+  """``method[:key=value...]`` -> :class:`Variant`.
+
+  Keys of :data:`TUNING` are the variant's tuning; the others are the method's options (see
+  :func:`spardl_jax.methods.parse`). Options not in ``text`` come from ``--density``,
+  ``--teams``, ``--sag``, ``--residuals``; tuning not in ``text`` from ``defaults`` (the
+  recipe) for sparse methods.
+  """
+  method, *pairs = text.split(":")
+  tuning, rest = {}, [method]
+  for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if sep and key in TUNING:
+      try:
+        tuning[key] = TUNING[key](value)
+      except ValueError:
+        raise ValueError(f"method spec {text!r}: {key}={value!r} is not a valid "
+                         f"{TUNING[key].__name__}.") from None
+    else:
+      rest.append(pair)
+  method, options = methods.parse(":".join(rest), density=density, teams=teams, sag=sag,
                                   residuals=residuals)
-  return Variant(text, method, options)
+  if "density" in options:  # a sparse method: the recipe applies
+    tuning = {**(defaults or {}), **tuning}
+  return Variant(text, method, options, tuning)

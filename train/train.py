@@ -85,20 +85,60 @@ def make_mesh(devices: int | None = None, axis_name: str = "data") -> jax.shardi
                        axis_types=(jax.sharding.AxisType.Explicit,))
 
 
-def make_optimizer(cfg: TrainConfig, variant: Variant) -> optax.GradientTransformation:
+def make_optimizer(cfg: TrainConfig, variant: Variant, *,
+                   total_steps: int | None = None) -> optax.GradientTransformation:
   """The variant's gradient sync followed by SGD with momentum or AdamW (``cfg.optimizer``).
 
   The sync comes first, so the optimizer sees the synchronized gradient and its state stays
-  replicated.
+  replicated. The variant's tuning (:data:`train.config.TUNING`) sets:
+
+  * the sync's dense warm-up (``warmup``), DGC density warm-up (``ramp``), momentum
+    correction (``momentum``, ``masking``) and local clipping (``clip``);
+  * the optimizer's momentum (``opt_momentum``: SGD's momentum or AdamW's ``b1``). For SGD
+    without an explicit ``lr`` the rate is rescaled to keep ``lr / (1 - momentum)``, the
+    step size a steady gradient reaches, equal to ``--lr``'s with ``--momentum``: lowering
+    the momentum then changes only how much past gradient the optimizer replays, which is
+    what a residual (itself a store of past gradient) wants;
+  * with momentum correction the momentum lives before the sync, so SGD after it has none
+    and AdamW's ``b1`` is 0;
+  * ``freeze`` (AdamW): the second moment stops after that many steps
+    (:func:`spardl_jax.scale_by_frozen_adam`), decoupled weight decay as AdamW's.
+
+  ``cfg.lr_schedule='cosine'`` decays the rate to 0 over ``total_steps``.
   """
+  tuning = variant.tuning
+  corrected = tuning.get("momentum") is not None
+  default_momentum = cfg.momentum if cfg.optimizer == "sgd" else 0.9
+  momentum = 0.0 if corrected else tuning.get("opt_momentum", default_momentum)
+  lr = tuning.get("lr", cfg.lr)
+  if cfg.optimizer == "sgd" and "lr" not in tuning and "opt_momentum" in tuning:
+    lr = cfg.lr * (1 - momentum) / (1 - cfg.momentum)
+  if cfg.lr_schedule == "cosine":
+    if not total_steps:
+      raise ValueError("make_optimizer: lr_schedule='cosine' needs total_steps.")
+    lr = optax.cosine_decay_schedule(lr, total_steps)
+  elif cfg.lr_schedule != "constant":
+    raise ValueError(f"--lr-schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}.")
   if cfg.optimizer == "sgd":
-    opt = optax.sgd(cfg.lr, momentum=cfg.momentum)
+    opt = optax.sgd(lr, momentum=momentum or None)
+  elif cfg.optimizer == "adamw" and tuning.get("freeze"):
+    opt = optax.chain(sj.scale_by_frozen_adam(freeze_step=tuning["freeze"], b1=momentum),
+                      optax.add_decayed_weights(cfg.weight_decay),
+                      optax.scale_by_learning_rate(lr))
   elif cfg.optimizer == "adamw":
-    opt = optax.adamw(cfg.lr, weight_decay=cfg.weight_decay)
+    opt = optax.adamw(lr, b1=momentum, weight_decay=cfg.weight_decay)
   else:
     raise ValueError(f"--optimizer must be 'sgd' or 'adamw', got {cfg.optimizer!r}.")
-  return optax.chain(
-      sj.sync_gradients(variant.method, axis_name=cfg.axis_name, **variant.options), opt)
+  options = dict(variant.options)
+  warmup = tuning.get("warmup", 0)
+  if tuning.get("ramp"):
+    options["density"] = sj.density_warmup(options["density"], steps=tuning["ramp"],
+                                           at=warmup)
+  sync = sj.sync_gradients(variant.method, axis_name=cfg.axis_name, warmup_steps=warmup,
+                           momentum=tuning.get("momentum"),
+                           momentum_masking=bool(tuning.get("masking", 1)),
+                           clip_norm=tuning.get("clip"), **options)
+  return optax.chain(sync, opt)
 
 
 def check_model_data(model: str, dataset: str) -> None:
@@ -277,17 +317,17 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                      f"({mesh.size}).")
   check_model_data(cfg.model, ds.name)
   model = models.create(cfg.model, cfg.model_size, **ds.info)
-  tx = make_optimizer(cfg, variant)
+  steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
+  if steps < 1:
+    raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
+                     f"({len(ds.train)} examples).")
+  tx = make_optimizer(cfg, variant, total_steps=cfg.epochs * steps)
   example = ds.train.take(np.arange(1))[0]
   state, specs = create_train_state(jax.random.key(cfg.seed), model, tx, example, mesh,
                                     cfg.axis_name)
   train, evaluate = compile_steps(model, tx, mesh, specs, cfg.axis_name, task=ds.task,
                                   seed=cfg.seed)
   num_params = models.count(state.params)
-  steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
-  if steps < 1:
-    raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
-                     f"({len(ds.train)} examples).")
   mgr = checkpoint.manager(checkpoint_dir) if checkpoint_dir else None
   restored = mgr and checkpoint.restore_latest(mgr, state)
   at, history = _Position.start(1), []

@@ -9,6 +9,8 @@ each device (see :mod:`spardl_jax.sync.data_parallel` for the shardings and a sh
 
 from __future__ import annotations
 
+import functools
+import numbers
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -18,7 +20,7 @@ import optax
 
 from spardl_jax.core.allreduce import bound_axes
 from spardl_jax.core.config import ETHERNET_10G, Residuals, Sag
-from spardl_jax.sync import methods
+from spardl_jax.sync import levels, methods
 
 
 class SyncStats(NamedTuple):
@@ -36,6 +38,8 @@ class SyncStats(NamedTuple):
     nonfinite: int32, syncs so far in which some device's gradient (or residual) was not
       finite (NaN or inf); the same on every device. Under ``nonfinite='skip'`` those syncs
       returned zeros and left the method's state as it was.
+    density: float32, the density of the level the last sync used (1 for the dense
+      warm-up and for dense methods).
   """
 
   selected: jax.Array
@@ -43,6 +47,7 @@ class SyncStats(NamedTuple):
   residual_norm: jax.Array
   h: jax.Array
   nonfinite: jax.Array
+  density: jax.Array
 
 
 class SyncState(NamedTuple):
@@ -52,10 +57,16 @@ class SyncState(NamedTuple):
     method_state: the all-reduce's per-device state (for SparDL a
       :class:`~spardl_jax.SparDLState` whose ``residual`` is ``(1, n)`` on a device and
       ``(P, n)`` globally), in the promoted dtype of the gradient leaves.
+    velocity: ``(1, n)`` on a device, this device's momentum-corrected velocity ``u`` (only
+      with ``momentum``; None otherwise). Like the residual it is a per-device sum of
+      gradient mass, and a restore onto another device count folds it the same way.
+    count: ``(1,)`` int32, the syncs so far (the same on every device); it picks the level.
     stats: :class:`SyncStats` of the last update.
   """
 
   method_state: Any
+  velocity: jax.Array | None
+  count: jax.Array
   stats: SyncStats
 
 
@@ -95,7 +106,7 @@ NonFinite = Literal["skip", "propagate"]
 NONFINITE_POLICIES = ("skip", "propagate")
 
 
-def _any_device_nonfinite(allreduce, flat, local, y, axis_name) -> jax.Array:
+def _any_device_nonfinite(reaches_result: bool, flat, local, y, axis_name) -> jax.Array:
   """() bool, True on every device when some device's ``flat`` (+ residual) is not finite.
 
   Where the method guarantees that a non-finite input reaches its result (every selection
@@ -103,7 +114,7 @@ def _any_device_nonfinite(allreduce, flat, local, y, axis_name) -> jax.Array:
   result itself tells: no extra communication. Otherwise one scalar ``pmax`` (4 bytes, one
   latency round) makes the devices agree.
   """
-  if allreduce.nonfinite_reaches_result:
+  if reaches_result:
     return ~jnp.all(jnp.isfinite(y))
   local_bad = ~jnp.all(jnp.isfinite(flat))
   residual = getattr(local, "residual", None)
@@ -112,8 +123,44 @@ def _any_device_nonfinite(allreduce, flat, local, y, axis_name) -> jax.Array:
   return jax.lax.pmax(local_bad.astype(jnp.int32), axis_name) > 0
 
 
+def _check_options(momentum, momentum_masking, clip_norm, axis_size) -> None:
+  if momentum is not None and (isinstance(momentum, bool) or not isinstance(
+      momentum, numbers.Real) or not 0 <= momentum < 1):
+    raise ValueError(f"sync_gradients: momentum must be None or a number in [0, 1), got "
+                     f"{momentum!r}.")
+  if not isinstance(momentum_masking, bool):
+    raise ValueError(f"sync_gradients: momentum_masking must be True or False, got "
+                     f"{momentum_masking!r}.")
+  if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(
+      clip_norm, numbers.Real) or not 0 < clip_norm < float("inf")):
+    raise ValueError(f"sync_gradients: clip_norm must be None or a finite number > 0, got "
+                     f"{clip_norm!r}.")
+  if axis_size is not None and (isinstance(axis_size, bool) or not isinstance(axis_size, int)
+                                or axis_size < 1):
+    raise ValueError(f"sync_gradients: axis_size must be a positive int, got {axis_size!r}.")
+
+
+def _run_level(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, axis_name):
+  """One level's sync of ``x``: ``(y, new_local, bytes_sent, h)``, typed alike for every
+  level so that ``lax.switch`` can choose among them."""
+  if level.dense:  # deliver the residual's mass too, and empty it
+    residual = getattr(local, "residual", None)
+    y, _ = level.allreduce.apply(x if residual is None else x + residual, (),
+                                 axis_name=axis_name)
+    if residual is not None:
+      local = local._replace(residual=jnp.zeros_like(residual))
+    bytes_sent, h = level.allreduce.stats(n=n, p=p, itemsize=itemsize, state=(), rank=None)
+  else:
+    y, local = level.allreduce.apply(x, local, axis_name=axis_name)
+    bytes_sent, h = level.allreduce.stats(n=n, p=p, itemsize=itemsize, state=local,
+                                          rank=jax.lax.axis_index(axis_name))
+  return y, local, jnp.asarray(bytes_sent, jnp.float32), jnp.asarray(h, jnp.int32)
+
+
 def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data",
                    axis_size: int | None = None, nonfinite: NonFinite = "skip",
+                   warmup_steps: int = 0, momentum: float | None = None,
+                   momentum_masking: bool = True, clip_norm: float | None = None,
                    **options) -> optax.GradientTransformation:
   """Synchronizes gradients across ``axis_name`` with the all-reduce ``method``.
 
@@ -125,17 +172,41 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
   cast back to each leaf's dtype. Non-float leaves (integers, ``float0``) pass through
   unchanged and are not communicated.
 
+  **Convergence options** (each one composable with the others; see ``docs/design.md``):
+
+  * ``warmup_steps=W``: the first ``W`` syncs are dense (``pmean`` of the gradient plus the
+    residual, which then empties), as the SparDL authors' code and PyTorch's PowerSGD hook
+    (``start_powerSGD_iter``) do.
+  * ``density=[(0, 0.25), (100, 0.0625), (200, 0.01)]``: a density schedule for the sparse
+    method (:func:`spardl_jax.density_warmup` builds DGC's). Every level is built and
+    compiled once into the one train step and chosen with ``lax.switch`` by the step count,
+    so no step recompiles. Entering a level restarts the method's other state (the B-SAG
+    controller, thresholds) for the new size; the residual carries over.
+  * ``momentum=m`` (DGC's momentum correction): each device keeps its velocity
+    ``u <- m u + g`` and the all-reduce synchronizes ``u`` (plus the residual) instead of
+    ``g``, so the optimizer after the sync must have **no** momentum
+    (``optax.sgd(lr)``). With ``momentum_masking`` (default) ``u`` is zeroed where the
+    synchronized result is nonzero (the coordinates every device just applied), so stale
+    momentum does not push them again; dense warm-up steps do not mask. At density 1 without
+    masking this is momentum SGD on the mean gradient.
+  * ``clip_norm=c``: each device first rescales its own gradient to L2 norm at most
+    ``c / sqrt(P)`` (DGC's local clipping: the mean of ``P`` such gradients has norm at most
+    ``c / sqrt(P)`` under independence, about what a global clip at ``c`` allows the sum).
+
+  Whatever is accumulated, the bookkeeping stays exact (for SparDL with global residuals):
+  ``sum(new residuals) + P * y == sum(u (or g) + old residuals)`` up to float rounding.
+
   **Non-finite gradients.** Every device learns in the same step whether any device's
   gradient (plus residual) holds a NaN or an inf, and all take the same decision, so no
   device ever skips a collective the others wait in. With ``nonfinite='skip'`` (default)
-  that sync returns zeros on every device and leaves the method's state (residuals, the
-  B-SAG controller, thresholds) exactly as before, so one bad step poisons nothing; the
-  ``nonfinite`` counter of :class:`SyncStats` counts such steps. ``'propagate'`` returns
-  what the all-reduce computed (NaNs included) and keeps its new state. The optimizer after
-  the sync then sees a zero gradient: plain SGD does not move, momentum and Adam moments
-  decay by one step. Do not wrap the sync in ``optax.apply_if_finite``: it decides on each
-  device's own gradient before the sync runs (a hang); :func:`spardl_jax.opt_state_specs`
-  rejects that structure.
+  that sync returns zeros on every device and leaves the method's state (residuals,
+  velocities, the B-SAG controller, thresholds) exactly as before, so one bad step poisons
+  nothing; the ``nonfinite`` counter of :class:`SyncStats` counts such steps.
+  ``'propagate'`` returns what the all-reduce computed (NaNs included) and keeps its new
+  state. The optimizer after the sync then sees a zero gradient: plain SGD does not move,
+  momentum and Adam moments decay by one step. Do not wrap the sync in
+  ``optax.apply_if_finite``: it decides on each device's own gradient before the sync runs
+  (a hang); :func:`spardl_jax.opt_state_specs` rejects that structure.
 
   Args:
     method: one of :data:`spardl_jax.methods.METHODS`.
@@ -143,19 +214,37 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     axis_size: number of devices on the axis, only needed when ``init`` runs outside
       ``shard_map`` without a mesh set (:func:`spardl_jax.init_opt_state` needs none).
     nonfinite: ``'skip'`` or ``'propagate'``, see above.
-    **options: the method's options (for ``'spardl'``: ``density``, ``teams``, ``sag``,
-      ``residuals``, ``alpha``, ``beta``).
+    warmup_steps: dense syncs before the sparse ones (an int >= 0).
+    momentum: DGC momentum correction factor in [0, 1), or None (off).
+    momentum_masking: DGC momentum factor masking (with ``momentum``).
+    clip_norm: DGC local gradient clipping threshold (> 0), or None (off).
+    **options: the method's options (for ``'spardl'``: ``density`` (a number or a
+      schedule), ``teams``, ``sag``, ``residuals``, ``alpha``, ``beta``).
 
   Returns:
     An ``optax.GradientTransformation`` whose state is a :class:`SyncState`.
+
+  References:
+    Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
+    Distributed Training", ICLR 2018 (momentum correction, factor masking, local clipping,
+    warm-up). Vogels et al., "PowerSGD", NeurIPS 2019 (dense start, ``start_powerSGD_iter``).
   """
   if nonfinite not in NONFINITE_POLICIES:
     raise ValueError(f"sync_gradients: nonfinite must be one of {NONFINITE_POLICIES}, got "
                      f"{nonfinite!r}.")
-  allreduce = methods.make(method, **options)
-  if axis_size is not None and (isinstance(axis_size, bool) or not isinstance(axis_size, int)
-                                or axis_size < 1):
-    raise ValueError(f"sync_gradients: axis_size must be a positive int, got {axis_size!r}.")
+  _check_options(momentum, momentum_masking, clip_norm, axis_size)
+  all_levels = levels.build(method, options, warmup_steps=warmup_steps)
+  main = all_levels[-1].allreduce  # owns the state; every level's has its structure
+  reaches_result = all(level.allreduce.nonfinite_reaches_result for level in all_levels)
+
+  def fresh_state(n, dtype, p):
+    state = main.init(n=n, dtype=dtype, p=p)
+    for level in all_levels:
+      if not level.dense and (jax.tree.structure(level.allreduce.init(n=n, dtype=dtype, p=p))
+                              != jax.tree.structure(state)):
+        raise ValueError(f"sync_gradients: the density levels of {method!r} keep states of "
+                         f"different structures; use one density.")
+    return state
 
   def init_fn(params):
     leaves, dtype = _float_leaves(params)
@@ -170,8 +259,11 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
                       bytes_sent=jnp.zeros((lead,), jnp.float32),
                       residual_norm=jnp.zeros((lead,), jnp.float32),
                       h=jnp.zeros((lead,), jnp.int32),
-                      nonfinite=jnp.zeros((lead,), jnp.int32))
-    return SyncState(jax.tree.map(per_device, allreduce.init(n=n, dtype=dtype, p=p)), stats)
+                      nonfinite=jnp.zeros((lead,), jnp.int32),
+                      density=jnp.zeros((lead,), jnp.float32))
+    velocity = None if momentum is None else jnp.zeros((lead, n), dtype)
+    return SyncState(jax.tree.map(per_device, fresh_state(n, dtype, p)), velocity,
+                     jnp.zeros((lead,), jnp.int32), stats)
 
   def update_fn(updates, state, params=None):
     del params
@@ -184,6 +276,9 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
             f"sync_gradients: update must run inside jax.shard_map over {axis_name!r} with the "
             f"state sharded PartitionSpec({axis_name!r}) (each device sees a leading axis of "
             f"1), got a state leaf of shape {leaf.shape}; see spardl_jax.opt_state_specs.")
+    if (state.velocity is None) != (momentum is None):
+      raise ValueError("sync_gradients: the state was initialized with another momentum "
+                       "setting; init with this transformation.")
     leaves, treedef = jax.tree.flatten(updates)
     is_float = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
     floats, dtype = _float_leaves(updates)
@@ -194,23 +289,53 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     if residual is not None and residual.shape != (n,):
       raise ValueError(f"sync_gradients: the gradients have {n} float entries but the state "
                        f"was initialized for {residual.shape[0]}; init with the same params.")
-    y, new_local = allreduce.apply(flat, local, axis_name=axis_name)
-    bad = _any_device_nonfinite(allreduce, flat, local, y, axis_name)
+    p = jax.lax.axis_size(axis_name)
+    itemsize = np.dtype(dtype).itemsize
+    if clip_norm is not None:
+      norm = jnp.linalg.norm(flat.astype(jnp.float32))
+      limit = clip_norm / np.sqrt(p)
+      flat = (flat * jnp.minimum(1.0, limit / jnp.maximum(norm, 1e-30))).astype(dtype)
+    velocity = None
+    if momentum is not None:
+      velocity = (momentum * state.velocity[0] + flat).astype(dtype)
+      flat = velocity
+    count = state.count[0]
+    def run(level, x, local):
+      return _run_level(level, x, local, n=n, p=p, itemsize=itemsize, axis_name=axis_name)
+
+    if len(all_levels) == 1:
+      index = jnp.zeros((), jnp.int32)
+      y, new_local, bytes_sent, h = run(all_levels[0], flat, local)
+    else:
+      starts = np.array([level.start for level in all_levels])
+      index = (jnp.sum(count >= starts) - 1).astype(jnp.int32)
+      # Entering a sparse level restarts the method's other state for its size; the
+      # residual (delivered or still owed mass) carries over.
+      entering = jnp.isin(count, starts[1:])
+      fresh = fresh_state(n, dtype, p)
+      if residual is not None:
+        fresh = fresh._replace(residual=residual)
+      local = jax.tree.map(lambda a, b: jnp.where(entering, a, b), fresh, local)
+      y, new_local, bytes_sent, h = jax.lax.switch(
+          index, [functools.partial(run, level) for level in all_levels], flat, local)
+    bad = _any_device_nonfinite(reaches_result, flat, local, y, axis_name)
+    if momentum is not None and momentum_masking:
+      sparse = ~jnp.asarray([level.dense for level in all_levels])[index]
+      velocity = jnp.where(sparse & (y != 0), jnp.zeros_like(velocity), velocity)
     if nonfinite == "skip":
       y = jnp.where(bad, jnp.zeros_like(y), y)
       new_local = jax.tree.map(lambda new, old: jnp.where(bad, old, new), new_local, local)
-    local = new_local
-    p = jax.lax.axis_size(axis_name)
-    residual = getattr(local, "residual", None)
-    bytes_sent, h = allreduce.stats(n=n, p=p, itemsize=np.dtype(dtype).itemsize, state=local,
-                                    rank=jax.lax.axis_index(axis_name))
+      if velocity is not None:
+        velocity = jnp.where(bad, state.velocity[0], velocity)
+    residual = getattr(new_local, "residual", None)
     stats = SyncStats(
         selected=jnp.count_nonzero(y).astype(jnp.int32)[None],
-        bytes_sent=jnp.full((1,), bytes_sent, jnp.float32),
-        h=jnp.full((1,), h, jnp.int32),
+        bytes_sent=bytes_sent[None],
+        h=h[None],
         residual_norm=(jnp.zeros((1,), jnp.float32) if residual is None else
                        jnp.linalg.norm(residual.astype(jnp.float32))[None]),
-        nonfinite=state.stats.nonfinite + bad.astype(jnp.int32))
+        nonfinite=state.stats.nonfinite + bad.astype(jnp.int32),
+        density=jnp.asarray([level.density for level in all_levels], jnp.float32)[index][None])
     out, start = [], 0
     for x, f in zip(leaves, is_float):
       if f:
@@ -218,32 +343,43 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
         start += x.size
       else:
         out.append(x)
-    new_state = SyncState(jax.tree.map(lambda a: a[None], local), stats)
+    new_state = SyncState(jax.tree.map(lambda a: a[None], new_local),
+                          None if velocity is None else velocity[None], state.count + 1, stats)
     return jax.tree.unflatten(treedef, out), new_state
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int | str = 1,
-           sag: Sag = "auto", residuals: Residuals = "global",
+def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule = 0.01,
+           teams: int | str = 1, sag: Sag = "auto", residuals: Residuals = "global",
            alpha: float = ETHERNET_10G["alpha"], beta: float = ETHERNET_10G["beta"],
-           axis_size: int | None = None,
+           warmup_steps: int = 0, momentum: float | None = None, momentum_masking: bool = True,
+           clip_norm: float | None = None, axis_size: int | None = None,
            nonfinite: NonFinite = "skip") -> optax.GradientTransformation:
   """SparDL gradient synchronization as an optax transformation.
 
-  Example::
+  Example (the paper's behaviour)::
 
     tx = optax.chain(spardl(axis_name="data", density=0.01), optax.sgd(0.1, momentum=0.9))
 
+  With DGC's momentum correction the momentum moves before the sync, and the optimizer
+  after it has none (``docs/design.md`` measures each option)::
+
+    tx = optax.chain(spardl(density=0.01, warmup_steps=100, momentum=0.9), optax.sgd(0.1))
+
   Args:
     axis_name: the data-parallel mesh axis.
-    density: fraction of each block kept by every top-k selection, in (0, 1].
+    density: fraction of each block kept by every top-k selection, in (0, 1]; or a schedule
+      ``[(step, density), ...]`` starting at step 0 (:func:`spardl_jax.density_warmup`).
     teams: number of teams ``d`` (must divide the number of devices), or ``'auto'`` to pick
       it from the alpha-beta model.
     sag: ``'auto'``, ``'recursive'`` (R-SAG) or ``'bruck'`` (B-SAG) for ``teams > 1``.
     residuals: ``'global'`` (GRES, default), ``'local'`` or ``'none'``.
     alpha, beta: latency (s) and seconds per byte of the network, for ``teams='auto'``.
     See :class:`~spardl_jax.SparDLConfig` for details.
+    warmup_steps, momentum, momentum_masking, clip_norm: the convergence options of
+      :func:`sync_gradients` (dense warm-up; DGC's momentum correction, factor masking and
+      local clipping).
     axis_size: see :func:`sync_gradients`.
     nonfinite: ``'skip'`` (default) or ``'propagate'``: what a step with a NaN or inf on
       some device does (see :func:`sync_gradients`).
@@ -253,11 +389,13 @@ def spardl(*, axis_name: str = "data", density: float = 0.01, teams: int | str =
 
   References:
     Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient Sparse
-    Communication", ICDE 2024.
+    Communication", ICDE 2024. Lin et al., "Deep Gradient Compression", ICLR 2018.
   """
   return sync_gradients("spardl", axis_name=axis_name, axis_size=axis_size,
-                        nonfinite=nonfinite, density=density,
-                        teams=teams, sag=sag, residuals=residuals, alpha=alpha, beta=beta)
+                        nonfinite=nonfinite, warmup_steps=warmup_steps, momentum=momentum,
+                        momentum_masking=momentum_masking, clip_norm=clip_norm,
+                        density=density, teams=teams, sag=sag, residuals=residuals,
+                        alpha=alpha, beta=beta)
 
 
 def sync_stats(opt_state) -> SyncStats:

@@ -123,21 +123,25 @@ def test_resume_mid_epoch_is_bit_identical(digits, tmp_path):
   assert resumed.history == whole.history
 
 
-def test_restore_onto_other_device_counts_keeps_residual_mass(digits, tmp_path):
-  """8 -> 4 -> 6 devices: params carry over exactly, the residual total is kept, the h
+def test_restore_onto_other_device_counts_keeps_residual_and_velocity_mass(digits, tmp_path):
+  """8 -> 4 -> 6 devices with a dense warm-up and momentum correction: params carry over
+  exactly, the residual and velocity totals and the sync's step count are kept, the h
   controller and statistics start afresh, and training goes on."""
   from train import checkpoint
 
   ckpt = str(tmp_path / "ckpt")
   cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", epochs=1, batch_size=48,
                     steps_per_epoch=6)
-  variant = Variant("spardl", "spardl", {"density": 0.05, "teams": 2})
+  variant = Variant("spardl", "spardl", {"density": 0.05, "teams": 2},
+                    {"warmup": 2, "momentum": 0.9, "masking": 1})
   before = train_and_evaluate(dataclasses.replace(cfg, devices=8), variant, digits,
                               make_mesh(8), progress=False, checkpoint_dir=ckpt)
   for devices, epochs in ((4, 2), (6, 3)):
-    total = np.asarray(before.state.opt_state[0].method_state.residual,
-                       np.float64).sum(0)
-    assert np.abs(total).max() > 0.01
+    sync = before.state.opt_state[0]
+    totals = {name: np.asarray(leaf, np.float64).sum(0)
+              for name, leaf in (("residual", sync.method_state.residual),
+                                 ("velocity", sync.velocity))}
+    assert all(np.abs(t).max() > 0.01 for t in totals.values())
     run = dataclasses.replace(cfg, devices=devices, epochs=epochs)
     mesh = make_mesh(devices)
     tx = make_optimizer(run, variant)
@@ -148,13 +152,16 @@ def test_restore_onto_other_device_counts_keeps_residual_mass(digits, tmp_path):
     mgr.close()
     # Checkpoints are numbered by the steps taken (6 an epoch); the history has every epoch.
     assert step == 6 * (epochs - 1) and len(progress["history"]) == epochs - 1
-    residual = np.asarray(state.opt_state[0].method_state.residual)
-    assert residual.shape[0] == devices
-    np.testing.assert_allclose(residual.astype(np.float64).sum(0), total, rtol=0,
-                               atol=1e-6 * np.abs(total).max())
+    restored = state.opt_state[0]
+    for name, leaf in (("residual", restored.method_state.residual),
+                       ("velocity", restored.velocity)):
+      assert leaf.shape[0] == devices
+      np.testing.assert_allclose(np.asarray(leaf, np.float64).sum(0), totals[name], rtol=0,
+                                 atol=1e-6 * np.abs(totals[name]).max())
+    np.testing.assert_array_equal(restored.count, np.full(devices, step))
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(before.state.params)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for a, b in zip(jax.tree.leaves(state.opt_state[0].method_state.controller),
+    for a, b in zip(jax.tree.leaves(restored.method_state.controller),
                     jax.tree.leaves(like.opt_state[0].method_state.controller)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     before = train_and_evaluate(run, variant, digits, mesh, progress=False,

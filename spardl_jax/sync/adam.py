@@ -1,0 +1,82 @@
+"""Adam with a frozen second moment: the Adam-family optimizer that follows a sparse sync.
+
+Per-coordinate normalisation by ``sqrt(nu)`` misbehaves on a sparse, bursty gradient: a
+coordinate that arrives once in a hundred steps (with a hundred steps of residual mass)
+inflates its ``nu`` and is then damped for the next thousand steps, while the ones that
+arrive rarely and small are blown up. 1-bit Adam (Tang et al., 2021), 0/1 Adam and Bagua's
+QAdam therefore run plain Adam during a dense warm-up, when the gradient is the true mean
+gradient, and then **freeze** ``nu``: from then on Adam is a fixed diagonal preconditioner
+and the compressed phase only moves the first moment. ``scale_by_frozen_adam`` is that
+optimizer; pair its ``freeze_step`` with the sync's ``warmup_steps``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class ScaleByFrozenAdamState(NamedTuple):
+  """State of :func:`scale_by_frozen_adam`.
+
+  Attributes:
+    count: () int32, the updates so far.
+    mu: the first moment, the params' structure.
+    nu: the second moment, frozen from ``freeze_step`` on.
+  """
+
+  count: jax.Array
+  mu: optax.Updates
+  nu: optax.Updates
+
+
+def scale_by_frozen_adam(*, freeze_step: int, b1: float = 0.9, b2: float = 0.999,
+                         eps: float = 1e-8) -> optax.GradientTransformation:
+  """Adam's scaling whose second moment stops updating after ``freeze_step`` updates.
+
+  Before the freeze this is ``optax.scale_by_adam``. From update ``freeze_step + 1`` on,
+  ``nu`` and its bias correction keep the values they had after update ``freeze_step``;
+  ``mu`` goes on as usual (``b1=0``: no first moment, e.g. after a sync with DGC's
+  momentum correction, which already delivers a momentum).
+
+  Args:
+    freeze_step: updates that train ``nu`` (an int >= 1; the sync's dense warm-up).
+    b1, b2: the moments' decay rates, in [0, 1).
+    eps: added to ``sqrt(nu_hat)``.
+
+  Returns:
+    An ``optax.GradientTransformation`` with state :class:`ScaleByFrozenAdamState`.
+
+  References:
+    Tang et al., "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
+    Convergence Speed", ICML 2021 (warm-up, then a frozen variance).
+  """
+  if isinstance(freeze_step, bool) or not isinstance(freeze_step, numbers.Integral) or (
+      freeze_step < 1):
+    raise ValueError(f"scale_by_frozen_adam: freeze_step must be an int >= 1, got "
+                     f"{freeze_step!r}.")
+  for name, value in (("b1", b1), ("b2", b2)):
+    if not isinstance(value, numbers.Real) or not 0 <= value < 1:
+      raise ValueError(f"scale_by_frozen_adam: {name} must be in [0, 1), got {value!r}.")
+
+  def init_fn(params):
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
+    return ScaleByFrozenAdamState(jnp.zeros((), jnp.int32), zeros(), zeros())
+
+  def update_fn(updates, state, params=None):
+    del params
+    count = state.count + 1
+    training = count <= freeze_step
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: jnp.where(training, b2 * v + (1 - b2) * g * g, v),
+                      state.nu, updates)
+    mu_scale = 1 / (1 - b1 ** count.astype(jnp.float32))
+    nu_scale = 1 / (1 - b2 ** jnp.minimum(count, freeze_step).astype(jnp.float32))
+    out = jax.tree.map(lambda m, v: (m * mu_scale) / (jnp.sqrt(v * nu_scale) + eps), mu, nu)
+    return out, ScaleByFrozenAdamState(count, mu, nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,135 @@
+"""Synchronization levels: a dense warm-up and a density schedule, each compiled once.
+
+A training run may synchronize densely for its first steps and then move through a few
+densities (DGC's warm-up: 25 % -> 6.25 % -> 1.56 % -> 0.4 % -> the target). Each distinct
+level is one all-reduce built once; the transformation picks the level of the current step
+with ``lax.switch`` inside the one compiled train step, so crossing a level boundary never
+recompiles (the same device-uniform dispatch as the B-SAG ``h`` ladder: the step count is
+equal on every device, so every device takes the same branch and no collective is skipped).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from spardl_jax.core.protocol import AllReduce
+from spardl_jax.sync import methods
+
+DensitySchedule = Sequence[tuple[int, float]]
+
+
+class Level(NamedTuple):
+  """One synchronization level.
+
+  Attributes:
+    start: the first step (0-based count of syncs) that uses it.
+    allreduce: the all-reduce of this level.
+    dense: True for the dense warm-up: ``pmean`` of the gradient plus the residual, which
+      then empties (the mass is delivered, none is lost).
+    density: the fraction of entries the level keeps (1.0 for dense).
+  """
+
+  start: int
+  allreduce: AllReduce
+  dense: bool
+  density: float
+
+
+def _check_schedule(schedule) -> list[tuple[int, float]]:
+  """The ``(step, density)`` pairs of a schedule, validated: steps ints, the first 0,
+  strictly increasing; densities numbers (each method checks its own range)."""
+  try:
+    pairs = [tuple(pair) for pair in schedule]
+  except TypeError:
+    pairs = None
+  if not pairs or any(len(p) != 2 for p in pairs):
+    raise ValueError(f"density must be a number or a non-empty list of (step, density) "
+                     f"pairs, got {schedule!r}.")
+  steps = [s for s, _ in pairs]
+  if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in steps):
+    raise ValueError(f"density schedule: every step must be an int, got {steps}.")
+  if steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:])):
+    raise ValueError(f"density schedule: steps must start at 0 and increase strictly, got "
+                     f"{steps}.")
+  for _, d in pairs:
+    if isinstance(d, bool) or not isinstance(d, numbers.Real):
+      raise ValueError(f"density schedule: every density must be a number, got {d!r}.")
+  return [(int(s), float(d)) for s, d in pairs]
+
+
+def build(method: str, options: dict[str, Any], *, warmup_steps: int) -> list[Level]:
+  """The levels of a sync: ``[dense warm-up] + one per density of the schedule``.
+
+  Args:
+    method: the registered method of the sparse levels.
+    options: its options; ``options['density']`` may be a number or a schedule, a list of
+      ``(step, density)`` pairs whose first step is 0 (from ``step`` on, use ``density``).
+      Steps count from the first sync, warm-up included; levels that start inside the
+      warm-up begin when it ends.
+    warmup_steps: dense synchronizations before the first sparse level (an int >= 0).
+
+  Raises:
+    ValueError: naming the parameter and what it allows.
+  """
+  if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, numbers.Integral) or (
+      warmup_steps < 0):
+    raise ValueError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}.")
+  density = options.get("density")
+  schedule = ([(0, density)] if density is None or isinstance(density, numbers.Real)
+              else _check_schedule(density))
+  levels = [Level(0, methods.make("dense"), True, 1.0)] if warmup_steps else []
+  for i, (start, d) in enumerate(schedule):
+    end = schedule[i + 1][0] if i + 1 < len(schedule) else math.inf
+    if end <= warmup_steps:
+      continue  # entirely inside the dense warm-up
+    level_options = dict(options) if density is None else {**options, "density": d}
+    allreduce = methods.make(method, **level_options)
+    kept = getattr(allreduce.config, "density", 1.0)
+    levels.append(Level(max(start, int(warmup_steps)), allreduce, False, float(kept)))
+  return levels
+
+
+def density_warmup(target: float, *, steps: int, start: float = 0.25, factor: float = 4.0,
+                   at: int = 0) -> list[tuple[int, float]]:
+  """DGC's exponential density warm-up as a schedule for ``density=``.
+
+  The density starts at ``start`` and is divided by ``factor`` at equal intervals until the
+  next division would go below ``target``; ``target`` holds from step ``at + steps`` on. With
+  the defaults and ``target=0.001``: 25 %, 6.25 %, 1.56 %, 0.39 %, then 0.1 %.
+
+  Args:
+    target: the final density, in (0, 1].
+    steps: how many steps the warm-up lasts (an int >= 1).
+    start: the first density (>= target).
+    factor: the ratio between consecutive densities (> 1).
+    at: the step the warm-up begins (e.g. after a dense warm-up).
+
+  Returns:
+    ``[(step, density), ...]`` for :func:`~spardl_jax.spardl`'s ``density``.
+
+  References:
+    Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
+    Distributed Training", ICLR 2018, Section 3.3 (warm-up training).
+  """
+  if not (isinstance(target, numbers.Real) and 0 < target <= 1):
+    raise ValueError(f"density_warmup: target must be in (0, 1], got {target!r}.")
+  if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+    raise ValueError(f"density_warmup: steps must be an int >= 1, got {steps!r}.")
+  if not (isinstance(start, numbers.Real) and target <= start <= 1):
+    raise ValueError(f"density_warmup: start must be in [target, 1], got {start!r}.")
+  if not (isinstance(factor, numbers.Real) and factor > 1):
+    raise ValueError(f"density_warmup: factor must be > 1, got {factor!r}.")
+  if isinstance(at, bool) or not isinstance(at, numbers.Integral) or at < 0:
+    raise ValueError(f"density_warmup: at must be an int >= 0, got {at!r}.")
+  densities = [float(start)]
+  while densities[-1] / factor >= target and densities[-1] > target:
+    densities.append(densities[-1] / factor)
+  if densities[-1] == target:
+    densities.pop()
+  each = max(1, steps // max(1, len(densities)))
+  pairs = [(0, densities[0])] if at == 0 else [(0, float(target)), (at, densities[0])]
+  pairs += [(at + i * each, d) for i, d in enumerate(densities) if i]
+  return pairs + [(at + steps, float(target))] if at + steps > pairs[-1][0] else pairs

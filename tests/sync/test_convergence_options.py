@@ -1,0 +1,189 @@
+"""The convergence options of the sync (dense warm-up, density schedule, DGC's momentum
+correction, factor masking and local clipping) against NumPy models built on the SparDL
+reference, conservation with every option on, and a jit cache bounded by the levels."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import spardl_jax as sj
+from tests import formulas, harness, reference
+from tests.sync.test_transform import put_rows, update_fn
+
+N = 300
+
+
+def rows(rng, p, steps):
+  """``steps`` rounds of (P, N) float32 local gradients with uneven magnitudes."""
+  return [harness.gradients(rng, p, N, heavy_tails=True) for _ in range(steps)]
+
+
+def run(tx, grads_per_step, p):
+  """Feeds each step's (P, N) gradients; yields (y, residuals (P, N), velocity or None,
+  stats) after each step."""
+  params = {"w": jnp.zeros((N,))}
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  f = update_fn(tx, p, params)
+  for g in grads_per_step:
+    updates, state = f(put_rows(p, {"w": jnp.asarray(g)}), state)
+    sync = state if isinstance(state, sj.SyncState) else state[0]  # first in a chain
+    velocity = None if sync.velocity is None else np.asarray(sync.velocity)
+    yield (np.asarray(updates["w"]), np.asarray(sync.method_state.residual), velocity,
+           sync.stats)
+
+
+def clipped(g, clip, p):
+  """DGC local clipping: each row rescaled to norm <= clip / sqrt(P) (float64 model)."""
+  norms = np.linalg.norm(g.astype(np.float64), axis=1, keepdims=True)
+  return g * np.minimum(1.0, clip / np.sqrt(p) / np.maximum(norms, 1e-30))
+
+
+def model(grads_per_step, *, p, density, warmup=0, momentum=None, masking=True, clip=None):
+  """The NumPy model: ``density`` is a number or [(step, density), ...]."""
+  schedule = [(0, density)] if np.isscalar(density) else density
+  rs = np.zeros((p, N), np.float32)
+  u = np.zeros((p, N), np.float32)
+  for step, g in enumerate(grads_per_step):
+    if clip is not None:
+      g = clipped(g, clip, p).astype(np.float32)
+    if momentum is not None:
+      u = (momentum * u + g).astype(np.float32)
+      g = u
+    if step < warmup:
+      y = (g + rs).astype(np.float64).mean(0)
+      rs = np.zeros_like(rs)
+    else:
+      d = [d for s, d in schedule if s <= step][-1]
+      y, rs = reference.spardl(g, rs, d)
+      if momentum is not None and masking:
+        u = np.where(y[None] != 0, 0, u).astype(np.float32)
+    yield y, rs, (u if momentum is not None else None), g
+
+
+def assert_matches(tx, p, steps, seed=0, **options):
+  grads = rows(np.random.default_rng(seed), p, steps)
+  for (y, rs, u, _), (my, mrs, mu, _) in zip(run(tx, grads, p), model(grads, p=p, **options)):
+    np.testing.assert_allclose(y, my, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rs, mrs, rtol=1e-5, atol=1e-5)
+    if mu is not None:
+      np.testing.assert_allclose(u, mu, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("p", [3, 8])
+def test_dense_warmup_then_sparse(p):
+  """Warm-up steps are pmean of gradient plus residual (which empties); then SparDL."""
+  assert_matches(sj.spardl(density=0.05, warmup_steps=2), p, 4, warmup=2, density=0.05)
+
+
+def test_density_schedule_moves_through_levels():
+  schedule = [(0, 0.3), (2, 0.1), (3, 0.02)]
+  assert_matches(sj.spardl(density=schedule, warmup_steps=1), 4, 5, warmup=1, density=schedule)
+
+
+@pytest.mark.parametrize("masking", [True, False])
+def test_momentum_correction_and_masking(masking):
+  assert_matches(sj.spardl(density=0.05, momentum=0.9, momentum_masking=masking), 4, 4,
+                 density=0.05, momentum=0.9, masking=masking)
+
+
+def test_local_clipping():
+  assert_matches(sj.spardl(density=0.05, clip_norm=3.0), 4, 3, density=0.05, clip=3.0)
+
+
+def test_density_one_momentum_correction_is_momentum_sgd():
+  """At density 1 without masking, SGD after a momentum-corrected sync == momentum SGD on
+  the mean gradient (the momentum moved before the sync, where it is linear)."""
+  p, lr, m = 4, 0.1, 0.9
+  grads = rows(np.random.default_rng(3), p, 4)
+  tx = optax.chain(sj.spardl(density=1.0, momentum=m, momentum_masking=False), optax.sgd(lr))
+  velocity = np.zeros(N)
+  for (y, rs, _, _), g in zip(run(tx, grads, p), grads):
+    velocity = m * velocity + g.astype(np.float64).mean(0)
+    np.testing.assert_allclose(y, -lr * velocity, rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(rs, 0)
+
+
+def test_density_one_with_masking_is_plain_sgd():
+  """Masking zeroes the velocity wherever the result is nonzero: at density 1, everywhere."""
+  p = 4
+  grads = rows(np.random.default_rng(4), p, 3)
+  for (y, _, u, _), g in zip(run(sj.spardl(density=1.0, momentum=0.9), grads, p), grads):
+    np.testing.assert_allclose(y, g.astype(np.float64).mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(u, 0)
+
+
+OPTIONS = {
+    "warmup": dict(warmup_steps=2),
+    "schedule": dict(density=[(0, 0.3), (1, 0.1), (3, 0.02)]),
+    "momentum": dict(momentum=0.9),
+    "momentum, no masking": dict(momentum=0.5, momentum_masking=False),
+    "clipping": dict(clip_norm=2.0),
+    "all": dict(warmup_steps=1, density=[(0, 0.2), (2, 0.05)], momentum=0.9, clip_norm=2.0),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+@pytest.mark.parametrize("p", [5, 8])
+def test_conservation_with_each_option(name, p):
+  """sum(new residuals) + P y == sum(accumulated + old residuals), the accumulated being
+  the clipped gradient or the velocity before masking (from the model, independently)."""
+  options = {"density": 0.05, **OPTIONS[name]}
+  momentum = options.get("momentum")
+  grads = rows(np.random.default_rng(p), p, 5)
+  rs = np.zeros((p, N))
+  model_options = dict(p=p, density=options["density"], warmup=options.get("warmup_steps", 0),
+                       momentum=momentum, masking=options.get("momentum_masking", True),
+                       clip=options.get("clip_norm"))
+  for (y, new_rs, _, _), (_, _, _, accumulated) in zip(
+      run(sj.spardl(**options), grads, p), model(grads, **model_options)):
+    harness.assert_conserved(accumulated, rs, np.broadcast_to(y, (p, N)), new_rs)
+    rs = new_rs
+
+
+def test_levels_compile_once_and_count_their_bytes():
+  """Crossing every level boundary reuses one executable (the jit cache holds 1 <= levels
+  entries); each step's bytes are its level's formula (dense ring, then SparDL)."""
+  p = 8
+  schedule = [(0, 0.25), (2, 0.0625), (3, 0.01)]
+  tx = sj.spardl(density=schedule, warmup_steps=2)
+  params = {"w": jnp.zeros((N,))}
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  f = update_fn(tx, p, params)
+  grads = rows(np.random.default_rng(0), p, 6)
+  want = [(1.0, formulas.dense(p, N)["bytes"])] * 2 + [
+      (d, formulas.spardl(p, N, d)["bytes"]) for d in (0.0625, 0.01, 0.01, 0.01)]
+  for g, (density, nbytes) in zip(grads, want):
+    _, state = f(put_rows(p, {"w": jnp.asarray(g)}), state)
+    np.testing.assert_allclose(state.stats.density, density)
+    np.testing.assert_array_equal(state.stats.bytes_sent, nbytes)
+  assert f._cache_size() == 1
+  np.testing.assert_array_equal(state.count, 6)
+
+
+def test_bad_options_are_named():
+  with pytest.raises(ValueError, match="momentum must be None or a number in"):
+    sj.spardl(momentum=1.0)
+  with pytest.raises(ValueError, match="momentum_masking must be True or False"):
+    sj.spardl(momentum=0.9, momentum_masking="yes")
+  with pytest.raises(ValueError, match="clip_norm must be None or a finite number > 0"):
+    sj.spardl(clip_norm=0)
+  with pytest.raises(ValueError, match="warmup_steps must be an int >= 0"):
+    sj.spardl(warmup_steps=-1)
+  with pytest.raises(ValueError, match="steps must start at 0 and increase strictly"):
+    sj.spardl(density=[(5, 0.1), (10, 0.01)])
+  with pytest.raises(ValueError, match=r"list of \(step, density\) pairs"):
+    sj.spardl(density=[])
+  with pytest.raises(ValueError, match="density"):
+    sj.spardl(density=[(0, 0.1), (10, 2.0)])
+  with pytest.raises(ValueError, match="target must be in"):
+    sj.density_warmup(0.0, steps=10)
+
+
+def test_density_warmup_is_dgc_schedule():
+  """25 % divided by 4 while it stays above the target, equal intervals, then the target."""
+  assert sj.density_warmup(0.001, steps=400) == [
+      (0, 0.25), (100, 0.0625), (200, 0.015625), (300, 0.00390625), (400, 0.001)]
+  assert sj.density_warmup(0.01, steps=90, at=30) == [
+      (0, 0.01), (30, 0.25), (60, 0.0625), (90, 0.015625), (120, 0.01)]
