@@ -2,7 +2,6 @@
 correction, factor masking and local clipping) against NumPy models built on the SparDL
 reference, conservation with every option on, and a jit cache bounded by the levels."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
