@@ -21,6 +21,15 @@ TUNING: dict[str, type] = {
 }
 
 
+_ALLOWED = {
+    "warmup": (">= 0", lambda v: v >= 0), "ramp": (">= 0", lambda v: v >= 0),
+    "momentum": ("in [0, 1)", lambda v: 0 <= v < 1), "masking": ("0 or 1", lambda v: v in (0, 1)),
+    "clip": ("> 0 and finite", lambda v: 0 < v < float("inf")),
+    "lr": ("> 0 and finite", lambda v: 0 < v < float("inf")),
+    "opt_momentum": ("in [0, 1)", lambda v: 0 <= v < 1), "freeze": (">= 1", lambda v: v >= 1),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
   """One gradient-sync method to train with.
@@ -51,6 +60,7 @@ class TrainConfig:
   lr: float = 0.05
   momentum: float = 0.9  # SGD's
   lr_schedule: str = "constant"  # or "cosine" (to 0 over the run)
+  recipe: str = "recommended"  # tuning defaults of sparse variants (RECIPES); "paper": none
   optimizer: str = "sgd"  # or "adamw" (BERT)
   weight_decay: float = 0.01  # AdamW's
   seed: int = 0
@@ -66,14 +76,13 @@ class TrainConfig:
   checkpoint_every: int | None = None  # steps between checkpoints inside an epoch
 
 
-def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str,
-                  defaults: dict | None = None) -> Variant:
+def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:
   """``method[:key=value...]`` -> :class:`Variant`.
 
   Keys of :data:`TUNING` are the variant's tuning; the others are the method's options (see
   :func:`spardl_jax.methods.parse`). Options not in ``text`` come from ``--density``,
-  ``--teams``, ``--sag``, ``--residuals``; tuning not in ``text`` from ``defaults`` (the
-  recipe) for sparse methods.
+  ``--teams``, ``--sag``, ``--residuals``; tuning not in ``text`` from the recipe
+  (``TrainConfig.recipe``) for sparse methods, when the run starts.
   """
   method, *pairs = text.split(":")
   tuning, rest = {}, [method]
@@ -85,10 +94,34 @@ def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str,
       except ValueError:
         raise ValueError(f"method spec {text!r}: {key}={value!r} is not a valid "
                          f"{TUNING[key].__name__}.") from None
+      allowed, ok = _ALLOWED[key]
+      if not ok(tuning[key]):
+        raise ValueError(f"method spec {text!r}: {key} must be {allowed}, got {value}.")
     else:
       rest.append(pair)
   method, options = methods.parse(":".join(rest), density=density, teams=teams, sag=sag,
                                   residuals=residuals)
-  if "density" in options:  # a sparse method: the recipe applies
-    tuning = {**(defaults or {}), **tuning}
   return Variant(text, method, options, tuning)
+
+
+# Tuning defaults of the sparse variants, by recipe and optimizer (``--recipe``); lengths in
+# epochs. ``recommended`` is what docs/models.md measured to converge fastest; ``paper`` is
+# the plain SparDL of the paper, for the ablation.
+RECIPES: dict[str, dict[str, dict[str, float]]] = {
+    "recommended": {"sgd": {"opt_momentum": 0.5}, "adamw": {"opt_momentum": 0.5}},
+    "paper": {"sgd": {}, "adamw": {}},
+}
+_EPOCH_KEYS = {"warmup_epochs": "warmup", "ramp_epochs": "ramp", "freeze_epochs": "freeze"}
+
+
+def recipe_tuning(name: str, *, optimizer: str, steps_per_epoch: int) -> dict:
+  """The :data:`TUNING` of recipe ``name`` for ``optimizer``, epochs turned into steps."""
+  if name not in RECIPES:
+    raise ValueError(f"--recipe must be one of {sorted(RECIPES)}, got {name!r}.")
+  tuning = {}
+  for key, value in RECIPES[name][optimizer].items():
+    if key in _EPOCH_KEYS:
+      tuning[_EPOCH_KEYS[key]] = max(1, round(value * steps_per_epoch))
+    else:
+      tuning[key] = value
+  return tuning

@@ -1,14 +1,17 @@
-"""Convergence on the offline datasets: SparDL at 1 % against dense, same epochs and seeds.
+"""Convergence on the offline datasets: how many steps (and bytes) each sync needs to reach
+dense's accuracy, technique by technique.
 
 Usage::
 
-  python -m train.convergence --out docs/convergence          # every case, seeds 0,1
-  python -m train.convergence --cases shakespeare_lstm --seeds 0
+  python -m train.convergence --out docs/convergence       # every case and variant, seeds 0,1
+  python -m train.convergence --cases mnist1d_cnn1d --variants dense,paper,recipe --seeds 0
 
-Each case trains one model on one offline dataset with both gradient syncs on 8 simulated
-devices, for each seed, and records the final test metric, the test loss and the bytes per
-step. ``--out`` gets ``results.json``, ``results.md`` (the table) and ``convergence.png``
-(test metric per epoch, one panel per case, mean over seeds).
+Each case trains one model on one offline dataset on 8 simulated devices, once per variant
+and seed, on the same data order and initialization. The target is 95 % of dense's final
+test metric (mean over the seeds); for each variant the table gives the steps to reach it
+(tests run at every epoch's end), the ratio to dense's, the final metric and the bytes each
+device sent up to the target. ``--out`` gets ``results.json``, ``results.md`` and
+``convergence.png`` (test metric against steps and against bytes, one row per case).
 """
 
 from __future__ import annotations
@@ -21,9 +24,8 @@ import sys
 
 import numpy as np
 
-from train.config import TrainConfig, Variant
+from train.config import RECIPES, TrainConfig, Variant, recipe_tuning
 
-VARIANTS = (Variant("dense", "dense", {}), Variant("spardl 1%", "spardl", {"density": 0.01}))
 CASES: dict[str, TrainConfig] = {
     "mnist1d_cnn1d": TrainConfig(model="cnn1d", dataset="mnist1d", epochs=30),
     "digits_resnet20": TrainConfig(model="resnet20", dataset="digits", epochs=15, batch_size=64,
@@ -35,12 +37,50 @@ CASES: dict[str, TrainConfig] = {
                                     epochs=10, batch_size=64, seq_len=64, steps_per_epoch=200,
                                     eval_steps=30, optimizer="adamw", lr=1e-3),
 }
+# DGC's local clipping threshold c per case: twice the median per-device gradient norm of
+# dense training's first two epochs, times sqrt(8) (each device clips at c / sqrt(P)).
+CLIP = {"mnist1d_cnn1d": 20.0, "digits_resnet20": 11.0, "shakespeare_lstm": 1.5,
+        "shakespeare_bert": 7.0}
+DENSITY = 0.01
+
+
+def variants(case: str, steps_per_epoch: int) -> dict[str, Variant]:
+  """The variants of one case by key: dense, the paper's SparDL, each technique alone and
+  the recommended recipe (tuning from :data:`train.config.RECIPES`)."""
+  cfg = CASES[case]
+  adam = cfg.optimizer == "adamw"
+
+  def sparse(label, tuning):
+    return Variant(label, "spardl", {"density": DENSITY}, tuning)
+
+  # Momentum correction moves the momentum before the sync; with AdamW the second moment
+  # must then be frozen (per-coordinate normalisation of the bursty velocity diverges), so
+  # it needs the dense warm-up that trains it.
+  correction = ({"momentum": 0.9, "warmup": steps_per_epoch, "freeze": steps_per_epoch}
+                if adam else {"momentum": 0.9})
+  return {
+      "dense": Variant("dense", "dense", {}),
+      "paper": sparse("SparDL (paper)", {}),
+      "warmup": sparse("+ dense warm-up (1 epoch)", {"warmup": steps_per_epoch}),
+      "ramp": sparse("+ density warm-up (2 epochs)", {"ramp": 2 * steps_per_epoch}),
+      "correction": sparse("+ momentum correction", correction),
+      "clip": sparse("+ local clipping", {"clip": CLIP[case]}),
+      "momentum": sparse("+ optimizer momentum 0.5", {"opt_momentum": 0.5}),
+      "recipe": sparse("recipe", recipe_tuning("recommended", optimizer=cfg.optimizer,
+                                               steps_per_epoch=steps_per_epoch)),
+  }
+
+
+VARIANT_KEYS = ("dense", "paper", "warmup", "ramp", "correction", "clip", "momentum", "recipe")
 
 
 def _parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m train.convergence", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--cases", default="all", help=f"comma list of {', '.join(CASES)} or all")
+  p.add_argument("--variants", default="all",
+                 help=f"comma list of {', '.join(VARIANT_KEYS)} or all (dense always runs: "
+                      "it sets the target)")
   p.add_argument("--seeds", default="0,1", help="comma list of seeds")
   p.add_argument("--devices", type=int, default=8)
   p.add_argument("--out", default="convergence_out")
@@ -49,41 +89,97 @@ def _parse_args(argv):
   for c in args.cases:
     if c not in CASES:
       p.error(f"--cases: unknown {c!r}; choose from {', '.join(CASES)}")
-  args.seeds = [int(s) for s in args.seeds.split(",")]
+  keys = list(VARIANT_KEYS) if args.variants == "all" else args.variants.split(",")
+  for k in keys:
+    if k not in VARIANT_KEYS:
+      p.error(f"--variants: unknown {k!r}; choose from {', '.join(VARIANT_KEYS)}")
+  args.variants = ["dense"] + [k for k in keys if k != "dense"]
+  try:
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+  except ValueError:
+    p.error(f"--seeds: expected a comma list of ints, got {args.seeds!r}")
   return args
 
 
+def steps_to(history: list[dict], metric: str, target: float, steps_per_epoch: int):
+  """``(steps, bytes)`` at the first epoch end whose test metric reaches ``target``, or
+  ``(None, None)``."""
+  for h in history:
+    if h[f"test_{metric}"] >= target:
+      return h["epoch"] * steps_per_epoch, h["bytes_sent"]
+  return None, None
+
+
+def summarize(case: str, runs: dict[str, list], steps_per_epoch: int) -> list[dict]:
+  """One row per variant: steps and bytes to the target (95 % of dense's mean final test
+  metric), their ratios to dense's, and the final metric; means over the seeds (a seed
+  that never reaches the target makes the mean missing)."""
+  metric = runs["dense"][0].metric
+  final = lambda r: r.history[-1][f"test_{metric}"]  # noqa: E731
+  target = 0.95 * float(np.mean([final(r) for r in runs["dense"]]))
+  dense_steps = dense_bytes = None
+  rows = []
+  for key, results in runs.items():
+    reached = [steps_to(r.history, metric, target, steps_per_epoch) for r in results]
+    steps = [s for s, _ in reached]
+    sent = [b for _, b in reached]
+    mean_steps = None if None in steps else float(np.mean(steps))
+    mean_bytes = None if None in sent else float(np.mean(sent))
+    if key == "dense":
+      dense_steps, dense_bytes = mean_steps, mean_bytes
+    rows.append({
+        "case": case, "key": key, "variant": results[0].variant, "metric": metric,
+        "target": target, "steps": steps, "mean_steps": mean_steps,
+        "steps_ratio": mean_steps / dense_steps if mean_steps and dense_steps else None,
+        "final": [final(r) for r in results], "bytes_to_target": mean_bytes,
+        "bytes_ratio": mean_bytes / dense_bytes if mean_bytes and dense_bytes else None,
+        "bytes_per_step": results[0].bytes_per_step,
+        "curves": [[(h["epoch"] * steps_per_epoch, h["bytes_sent"], h[f"test_{metric}"])
+                    for h in r.history] for r in results]})
+  return rows
+
+
 def format_table(rows: list[dict]) -> str:
-  """One line per case and method: metric and loss (mean and per seed), bytes per step."""
-  lines = ["| case | model (params) | method | test metric, mean (per seed) | test loss | "
-           "bytes/step |", "|---|---|---|---|---:|---:|"]
+  """The Markdown table of :func:`summarize`'s rows."""
+  lines = ["| case | variant | steps to target (per seed) | × dense | final test metric (per "
+           "seed) | bytes to target | × dense |", "|---|---|---:|---:|---|---:|---:|"]
+  fmt = lambda v, spec: "never" if v is None else format(v, spec)  # noqa: E731
   for r in rows:
-    per_seed = ", ".join(f"{v:.3f}" for v in r["metric"])
-    lines.append(f"| {r['case']} | {r['model']} ({r['params']:,}) | {r['method']} | "
-                 f"{r['metric_name']} {np.mean(r['metric']):.3f} ({per_seed}) | "
-                 f"{np.mean(r['loss']):.3f} | {r['bytes_per_step']:,.0f} |")
+    per_seed = ", ".join("never" if s is None else str(s) for s in r["steps"])
+    finals = ", ".join(f"{v:.3f}" for v in r["final"])
+    lines.append(
+        f"| {r['case']} | {r['variant']} | {fmt(r['mean_steps'], '.0f')} ({per_seed}) | "
+        f"{fmt(r['steps_ratio'], '.2f')} | {np.mean(r['final']):.3f} ({finals}) | "
+        f"{fmt(r['bytes_to_target'], ',.0f')} | {fmt(r['bytes_ratio'], '.3f')} |")
   return "\n".join(lines)
 
 
-def plot(path: str, curves: dict) -> None:
-  """``curves[case][method] = (metric name, (seeds, epochs) array)`` -> one panel per case."""
+def plot(path: str, rows: list[dict]) -> None:
+  """One row of panels per case: test metric against steps and against bytes (log), the
+  mean over seeds, the target as a dotted line."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.6), squeeze=False)
-  for ax, (case, methods) in zip(axes[0], curves.items()):
-    metric = next(iter(methods.values()))[0]
-    for method, (_, values) in methods.items():
-      epochs = np.arange(1, values.shape[1] + 1)
-      ax.plot(epochs, values.mean(0), marker=".", label=method)
-      ax.fill_between(epochs, values.min(0), values.max(0), alpha=0.2)
-    ax.set(title=case, xlabel="epoch", ylabel=f"test {metric}")
-    ax.grid(alpha=0.3)
-    ax.legend()
+  cases = list(dict.fromkeys(r["case"] for r in rows))
+  fig, axes = plt.subplots(len(cases), 2, figsize=(11, 3.6 * len(cases)), squeeze=False)
+  for (ax_steps, ax_bytes), case in zip(axes, cases):
+    for r in (r for r in rows if r["case"] == case):
+      curves = np.array(r["curves"])  # (seeds, epochs, 3)
+      style = dict(marker=".", label=r["variant"], lw=2.2 if r["key"] in ("dense", "recipe")
+                   else 1.0)
+      ax_steps.plot(curves[0, :, 0], curves[:, :, 2].mean(0), **style)
+      ax_bytes.plot(curves[:, :, 1].mean(0), curves[:, :, 2].mean(0), **style)
+    target = next(r["target"] for r in rows if r["case"] == case)
+    for ax, xlabel in ((ax_steps, "train steps"), (ax_bytes, "bytes sent per device")):
+      ax.axhline(target, ls=":", c="k", lw=0.8)
+      ax.set(title=case, xlabel=xlabel, ylabel="test metric")
+      ax.grid(alpha=0.3)
+    ax_bytes.set_xscale("log")
+    ax_steps.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=100)
   plt.close(fig)
 
 
@@ -91,39 +187,32 @@ def main(argv=None) -> int:
   args = _parse_args(argv)
   from tqdm import tqdm
 
-  from train import data
+  from train import data, input_pipeline
   from train.train import data_request, make_mesh, simulate_devices, train_and_evaluate
 
   simulate_devices(args.devices)
-
   mesh = make_mesh(args.devices)
-  rows, curves = [], {}
-  jobs = [(c, s, v) for c in args.cases for s in args.seeds for v in VARIANTS]
+  jobs = [(c, k, s) for c in args.cases for k in args.variants for s in args.seeds]
   results: dict = {}
-  for case, seed, variant in tqdm(jobs, desc="runs", unit="run", file=sys.stderr):
-    cfg = dataclasses.replace(CASES[case], devices=args.devices, seed=seed)
+  for case, key, seed in tqdm(jobs, desc="runs", unit="run", file=sys.stderr):
+    # Each variant's tuning is explicit: no recipe defaults on top.
+    cfg = dataclasses.replace(CASES[case], devices=args.devices, seed=seed, recipe="paper")
     ds = data.load(cfg.dataset, data_request(cfg))
-    r = train_and_evaluate(cfg, variant, ds, mesh, progress=False)
-    results.setdefault((case, variant.label), []).append(r)
-  for (case, label), runs in results.items():
-    metric = runs[0].metric
-    rows.append({"case": case, "model": CASES[case].model, "params": runs[0].num_params,
-                 "method": label, "metric_name": metric,
-                 "metric": [r.history[-1][f"test_{metric}"] for r in runs],
-                 "loss": [r.history[-1]["test_loss"] for r in runs],
-                 "bytes_per_step": runs[0].bytes_per_step,
-                 "time_per_step": float(np.median([r.time_per_step for r in runs])),
-                 "history": [r.history for r in runs]})
-    curves.setdefault(case, {})[label] = (metric, np.array(
-        [[h[f"test_{metric}"] for h in r.history] for r in runs]))
+    steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
+    variant = variants(case, steps)[key]
+    result = train_and_evaluate(cfg, variant, ds, mesh, progress=False)
+    results.setdefault(case, {"steps": steps, "runs": {}})["runs"].setdefault(
+        key, []).append(result)
+  rows = [row for case, r in results.items() for row in summarize(case, r["runs"], r["steps"])]
   table = format_table(rows)
   print(table)
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump({"devices": args.devices, "seeds": args.seeds, "rows": rows}, f, indent=2)
+    json.dump({"devices": args.devices, "seeds": args.seeds, "density": DENSITY,
+               "recipes": RECIPES, "rows": rows}, f, indent=2)
   with open(os.path.join(args.out, "results.md"), "w") as f:
     f.write(table + "\n")
-  plot(os.path.join(args.out, "convergence.png"), curves)
+  plot(os.path.join(args.out, "convergence.png"), rows)
   return 0
 
 

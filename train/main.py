@@ -14,7 +14,7 @@ import jax
 from models import MODELS, describe
 from spardl_jax.sync import methods
 from spardl_jax.sync.methods import parse_teams
-from train.config import TrainConfig, parse_variant
+from train.config import RECIPES, TUNING, TrainConfig, parse_variant
 from train.data import DATASETS
 
 log = logging.getLogger("train")
@@ -72,8 +72,9 @@ def _parse_args(argv):
                  help="one gradient sync to train with, e.g. spardl or dense; overrides --compare")
   p.add_argument("--compare", default="dense,spardl",
                  help="comma list of methods to run on the same data and seed, each "
-                      "method[:key=value...], e.g. 'dense,spardl,spardl:density=0.001,"
-                      "spardl:residuals=local' (default: %(default)s)")
+                      "method[:key=value...] with the method's options and the tuning keys "
+                      f"{', '.join(TUNING)}, e.g. 'dense,spardl,spardl:density=0.001,"
+                      "spardl:warmup=31:momentum=0.9' (default: %(default)s)")
   p.add_argument("--density", type=POSITIVE_FLOAT, default=0.01, help="SparDL density (default 0.01)")
   p.add_argument("--teams", type=parse_teams, default=1,
                  help="SparDL teams d, or 'auto' for the alpha-beta model's pick (default 1)")
@@ -93,6 +94,12 @@ def _parse_args(argv):
   p.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adamw"],
                  help="applied to the synchronized gradient (default: %(default)s)")
   p.add_argument("--momentum", type=NON_NEGATIVE_FLOAT, default=d.momentum, help="SGD momentum")
+  p.add_argument("--lr-schedule", default=d.lr_schedule, choices=["constant", "cosine"],
+                 help="constant, or cosine decay to 0 over the run (default: %(default)s)")
+  p.add_argument("--recipe", default=d.recipe, choices=sorted(RECIPES),
+                 help="tuning defaults of the sparse methods (a variant's own keys win): "
+                      "'recommended' converges fastest (docs/models.md), 'paper' is plain "
+                      "SparDL (default: %(default)s)")
   p.add_argument("--weight-decay", type=NON_NEGATIVE_FLOAT, default=d.weight_decay, help="AdamW decay")
   p.add_argument("--seed", type=int, default=d.seed)
   p.add_argument("--out", default=d.out, help="directory for metrics and the plot")
@@ -172,6 +179,7 @@ def run(args) -> int:
   cfg = TrainConfig(model=args.model, model_size=args.model_size, dataset=args.dataset,
                     variants=variants, devices=args.devices, epochs=args.epochs,
                     batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
+                    lr_schedule=args.lr_schedule, recipe=args.recipe,
                     optimizer=args.optimizer, weight_decay=args.weight_decay,
                     seed=args.seed, out=args.out, data_dir=args.data_dir,
                     seq_len=args.seq_len, image_size=args.image_size,

@@ -34,7 +34,7 @@ import models
 import spardl_jax as sj
 from spardl_jax.parallel.rows import shard_rows
 from train import data, input_pipeline
-from train.config import TrainConfig, Variant
+from train.config import RECIPES, TrainConfig, Variant, recipe_tuning
 
 log = logging.getLogger("train")
 
@@ -86,11 +86,13 @@ def make_mesh(devices: int | None = None, axis_name: str = "data") -> jax.shardi
 
 
 def make_optimizer(cfg: TrainConfig, variant: Variant, *,
-                   total_steps: int | None = None) -> optax.GradientTransformation:
+                   steps_per_epoch: int | None = None) -> optax.GradientTransformation:
   """The variant's gradient sync followed by SGD with momentum or AdamW (``cfg.optimizer``).
 
   The sync comes first, so the optimizer sees the synchronized gradient and its state stays
-  replicated. The variant's tuning (:data:`train.config.TUNING`) sets:
+  replicated. The variant's tuning (:data:`train.config.TUNING`; for a sparse method, what
+  it leaves out comes from the recipe ``cfg.recipe``, whose lengths in epochs need
+  ``steps_per_epoch``) sets:
 
   * the sync's dense warm-up (``warmup``), DGC density warm-up (``ramp``), momentum
     correction (``momentum``, ``masking``) and local clipping (``clip``);
@@ -104,9 +106,15 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
   * ``freeze`` (AdamW): the second moment stops after that many steps
     (:func:`spardl_jax.scale_by_frozen_adam`), decoupled weight decay as AdamW's.
 
-  ``cfg.lr_schedule='cosine'`` decays the rate to 0 over ``total_steps``.
+  ``cfg.lr_schedule='cosine'`` decays the rate to 0 over the run.
   """
   tuning = variant.tuning
+  if "density" in variant.options:  # a sparse method: the recipe fills in the rest
+    if steps_per_epoch is None and any(key.endswith("_epochs") for key in
+                                       RECIPES.get(cfg.recipe, {}).get(cfg.optimizer, {})):
+      raise ValueError(f"make_optimizer: recipe {cfg.recipe!r} needs steps_per_epoch.")
+    tuning = {**recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
+                              steps_per_epoch=steps_per_epoch or 1), **tuning}
   corrected = tuning.get("momentum") is not None
   default_momentum = cfg.momentum if cfg.optimizer == "sgd" else 0.9
   momentum = 0.0 if corrected else tuning.get("opt_momentum", default_momentum)
@@ -114,9 +122,9 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
   if cfg.optimizer == "sgd" and "lr" not in tuning and "opt_momentum" in tuning:
     lr = cfg.lr * (1 - momentum) / (1 - cfg.momentum)
   if cfg.lr_schedule == "cosine":
-    if not total_steps:
-      raise ValueError("make_optimizer: lr_schedule='cosine' needs total_steps.")
-    lr = optax.cosine_decay_schedule(lr, total_steps)
+    if not steps_per_epoch:
+      raise ValueError("make_optimizer: lr_schedule='cosine' needs steps_per_epoch.")
+    lr = optax.cosine_decay_schedule(lr, cfg.epochs * steps_per_epoch)
   elif cfg.lr_schedule != "constant":
     raise ValueError(f"--lr-schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}.")
   if cfg.optimizer == "sgd":
@@ -321,7 +329,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   if steps < 1:
     raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
                      f"({len(ds.train)} examples).")
-  tx = make_optimizer(cfg, variant, total_steps=cfg.epochs * steps)
+  tx = make_optimizer(cfg, variant, steps_per_epoch=steps)
   example = ds.train.take(np.arange(1))[0]
   state, specs = create_train_state(jax.random.key(cfg.seed), model, tx, example, mesh,
                                     cfg.axis_name)
