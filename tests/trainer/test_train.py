@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from models import create
+import spardl_jax as sj
 from spardl_jax.parallel.rows import shard_rows
 from spardl_jax.tools import traffic
 from train import data, input_pipeline, main
@@ -234,6 +235,9 @@ def test_redistribution_rules():
     (["--compare", "dense,spardl:density=0"], "--compare 'spardl:density=0': SparDLConfig: "
                                                "density must be in (0, 1]"),
     (["--compare", "oktopk:tau=x"], "oktopk:tau=x': tau='x' is not a valid int"),
+    (["--compare", "spardl:momentum=1"], "'spardl:momentum=1': momentum must be in [0, 1)"),
+    (["--compare", "spardl:warmup=x"], "'spardl:warmup=x': warmup='x' is not a valid int"),
+    (["--recipe", "fast"], "argument --recipe: invalid choice: 'fast'"),
     (["--batch-size", "100", "--devices", "8"], "--batch-size (100) must be a multiple of"),
     (["--dataset", "nosuch"], "--dataset must be one of"),
 ])
@@ -247,3 +251,26 @@ def test_bad_flags_fail_at_once_with_one_line(capsys, flags, message):
   assert code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert message in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_variant_tuning_and_recipes():
+  """Tuning keys split from the method's options; the recipe fills what a sparse variant
+  leaves out (never a dense one), epochs turned into steps; --recipe paper adds nothing."""
+  from train.config import RECIPES, parse_variant, recipe_tuning
+
+  v = parse_variant("spardl:warmup=31:density=0.05:momentum=0.9", density=0.01, teams=1,
+                    sag="auto", residuals="global")
+  assert v.method == "spardl" and v.options["density"] == 0.05
+  assert v.tuning == {"warmup": 31, "momentum": 0.9}
+  assert recipe_tuning("paper", optimizer="sgd", steps_per_epoch=31) == {}
+  params = {"w": jnp.zeros((40,))}
+  mesh = make_mesh(2)
+  for recipe in RECIPES:
+    for optimizer in ("sgd", "adamw"):
+      cfg = TrainConfig(recipe=recipe, optimizer=optimizer)
+      want = recipe_tuning(recipe, optimizer=optimizer, steps_per_epoch=10)
+      state = sj.init_opt_state(make_optimizer(cfg, SPARDL, steps_per_epoch=10), params, mesh)
+      assert (state[0].velocity is not None) == ("momentum" in want)
+      dense = sj.init_opt_state(make_optimizer(cfg, Variant("dense", "dense", {}),
+                                               steps_per_epoch=10), params, mesh)
+      assert dense[0].velocity is None
