@@ -22,7 +22,8 @@ from spardl_jax.sync.levels import density_warmup
 from spardl_jax.sync.adam import ScaleByFrozenAdamState, scale_by_frozen_adam
 from spardl_jax.sync.data_parallel import init_opt_state, opt_state_shardings, opt_state_specs
 from spardl_jax.sync.methods import sharded_allreduce
-from spardl_jax.sync.transform import SyncState, SyncStats, spardl, sync_gradients, sync_stats
+from spardl_jax.sync.transform import (SyncState, SyncStats, powersgd, spardl, sync_gradients,
+                                       sync_stats)
 from spardl_jax.tools import traffic
 
 __all__ = (
@@ -39,6 +40,7 @@ __all__ = (
     "methods",
     "opt_state_shardings",
     "opt_state_specs",
+    "powersgd",
     "scale_by_frozen_adam",
     "schedule",
     "sharded_allreduce",

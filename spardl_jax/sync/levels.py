@@ -92,6 +92,13 @@ def build(method: str, options: dict[str, Any], *, warmup_steps: int) -> list[Le
   return levels
 
 
+def for_leaves(levels: list[Level], shapes) -> list[Level]:
+  """``levels`` with each all-reduce that works per leaf (it has ``for_leaves``, as
+  PowerSGD) bound to the gradient's float leaf shapes, in flattening order."""
+  return [level._replace(allreduce=level.allreduce.for_leaves(shapes))
+          if hasattr(level.allreduce, "for_leaves") else level for level in levels]
+
+
 def density_warmup(target: float, *, steps: int, start: float = 0.25, factor: float = 4.0,
                    at: int = 0) -> list[tuple[int, float]]:
   """DGC's exponential density warm-up as a schedule for ``density=``.

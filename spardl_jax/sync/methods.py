@@ -28,7 +28,8 @@ from spardl_jax.core.protocol import AllReduce
 
 
 # Every method registers itself on import (core: SparDL; baselines: the rest).
-Method = Literal["dense", "dense_bf16", "spardl", "topka", "topkdsa", "gtopk", "oktopk"]
+Method = Literal["dense", "dense_bf16", "spardl", "topka", "topkdsa", "gtopk", "oktopk",
+                 "powersgd"]
 METHODS: tuple[str, ...] = typing.get_args(Method)
 assert set(METHODS) == set(protocol.registered()), "Method must list the registry's names"
 

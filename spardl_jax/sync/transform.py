@@ -233,12 +233,12 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     raise ValueError(f"sync_gradients: nonfinite must be one of {NONFINITE_POLICIES}, got "
                      f"{nonfinite!r}.")
   _check_options(momentum, momentum_masking, clip_norm, axis_size)
-  all_levels = levels.build(method, options, warmup_steps=warmup_steps)
-  main = all_levels[-1].allreduce  # owns the state; every level's has its structure
-  reaches_result = all(level.allreduce.nonfinite_reaches_result for level in all_levels)
+  unbound = levels.build(method, options, warmup_steps=warmup_steps)
+  reaches_result = all(level.allreduce.nonfinite_reaches_result for level in unbound)
 
-  def fresh_state(n, dtype, p):
-    state = main.init(n=n, dtype=dtype, p=p)
+  def fresh_state(all_levels, n, dtype, p):
+    # The last level's all-reduce owns the state; every level's has its structure.
+    state = all_levels[-1].allreduce.init(n=n, dtype=dtype, p=p)
     for level in all_levels:
       if not level.dense and (jax.tree.structure(level.allreduce.init(n=n, dtype=dtype, p=p))
                               != jax.tree.structure(state)):
@@ -262,7 +262,8 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
                       nonfinite=jnp.zeros((lead,), jnp.int32),
                       density=jnp.zeros((lead,), jnp.float32))
     velocity = None if momentum is None else jnp.zeros((lead, n), dtype)
-    return SyncState(jax.tree.map(per_device, fresh_state(n, dtype, p)), velocity,
+    all_levels = levels.for_leaves(unbound, [x.shape for x in leaves])
+    return SyncState(jax.tree.map(per_device, fresh_state(all_levels, n, dtype, p)), velocity,
                      jnp.zeros((lead,), jnp.int32), stats)
 
   def update_fn(updates, state, params=None):
@@ -282,6 +283,7 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     leaves, treedef = jax.tree.flatten(updates)
     is_float = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
     floats, dtype = _float_leaves(updates)
+    all_levels = levels.for_leaves(unbound, [x.shape for x in floats])
     local = jax.tree.map(lambda a: a[0], state.method_state)
     flat = jnp.concatenate([x.astype(dtype).reshape(-1) for x in floats])
     n = sum(x.size for x in floats)
@@ -312,7 +314,7 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
       # Entering a sparse level restarts the method's other state for its size; the
       # residual (delivered or still owed mass) carries over.
       entering = jnp.isin(count, starts[1:])
-      fresh = fresh_state(n, dtype, p)
+      fresh = fresh_state(all_levels, n, dtype, p)
       if residual is not None:
         fresh = fresh._replace(residual=residual)
       local = jax.tree.map(lambda a, b: jnp.where(entering, a, b), fresh, local)
@@ -396,6 +398,39 @@ def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule =
                         momentum_masking=momentum_masking, clip_norm=clip_norm,
                         density=density, teams=teams, sag=sag, residuals=residuals,
                         alpha=alpha, beta=beta)
+
+
+def powersgd(*, axis_name: str = "data", rank: int = 4, start_iter: int = 0,
+             min_compression_rate: float = 2.0, seed: int = 0, axis_size: int | None = None,
+             nonfinite: NonFinite = "skip") -> optax.GradientTransformation:
+  """PowerSGD gradient synchronization (what PyTorch DDP's ``powerSGD_hook`` does).
+
+  Example::
+
+    tx = optax.chain(powersgd(rank=4, start_iter=100), optax.sgd(0.1, momentum=0.9))
+
+  Args:
+    axis_name: the data-parallel mesh axis.
+    rank: the rank of each matrix leaf's approximation.
+    start_iter: dense all-reduces before the compression starts (PyTorch's
+      ``start_powerSGD_iter``; it is :func:`sync_gradients`' ``warmup_steps``).
+    min_compression_rate: leaves that rank-``rank`` factors would not shrink by this
+      factor (and every 1-D leaf) are all-reduced dense.
+    seed: the seed of the initial ``Q`` factors.
+    axis_size, nonfinite: see :func:`sync_gradients`.
+
+  Returns:
+    An ``optax.GradientTransformation`` (state :class:`SyncState`; the method state is a
+    :class:`~spardl_jax.baselines.powersgd.PowerSGDState` with the error feedback as its
+    ``residual``).
+
+  References:
+    Vogels et al., "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
+    Optimization", NeurIPS 2019.
+  """
+  return sync_gradients("powersgd", axis_name=axis_name, axis_size=axis_size,
+                        nonfinite=nonfinite, warmup_steps=start_iter, rank=rank,
+                        min_compression_rate=min_compression_rate, seed=seed)
 
 
 def sync_stats(opt_state) -> SyncStats:

@@ -44,8 +44,14 @@ import statistics
 import sys
 import time
 
+from spardl_jax.core import protocol
 from spardl_jax.core.config import ETHERNET_10G
-from spardl_jax.sync.methods import METHODS
+from spardl_jax.sync import methods as _methods
+
+# One sync of a flat vector: the methods that work on one. PowerSGD needs the leaf shapes
+# of a model (it all-reduces a flat vector dense); the trainer benchmarks it.
+METHODS = tuple(m for m in _methods.METHODS
+                if not hasattr(protocol.registered()[m], "for_leaves"))
 
 PAPER_SIZES = [14_700_000, 20_100_000, 23_500_000, 9_200_000, 35_200_000, 66_000_000,
                133_500_000]

@@ -1,0 +1,200 @@
+"""PowerSGD: rank-r low-rank gradient compression with error feedback (what users of
+PyTorch DDP pick instead of sparsity).
+
+Each matrix-shaped gradient leaf ``M`` (reshaped to ``(shape[0], prod(shape[1:]))``, plus
+this device's error) is approximated by one step of subspace iteration, warm-started from
+the last step's ``Q``::
+
+  P = M Q;  P <- all-reduce(P);  P <- orthonormal columns of P
+  Q = M^T P;  Q <- all-reduce(Q);  approximation = P Q^T / (number of devices)
+
+Each device keeps ``M - approximation`` as its error, so ``sum(errors) + P * y == sum(M)``
+exactly as SparDL's residuals. Leaves that compression would not shrink by at least
+``min_compression_rate`` (1-D leaves, biases, small matrices) are all-reduced dense, in the
+same all-reduce as the ``P`` factors. Two all-reduces per step in all, as PyTorch's
+``powerSGD_hook``. Its ``start_powerSGD_iter`` (dense all-reduce for the first steps) is
+the sync's generic ``warmup_steps`` (:func:`spardl_jax.powersgd` takes ``start_iter``).
+
+PowerSGD needs the leaves' shapes, so the transformation binds them with
+:meth:`PowerSGD.for_leaves` before ``init``; unbound (a flat vector, as in the one-sync
+benchmark) every entry is one 1-D leaf and goes dense.
+
+References:
+  Vogels, Karimireddy, Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for
+  Distributed Optimization", NeurIPS 2019; PyTorch ``torch.distributed.algorithms.
+  ddp_comm_hooks.powerSGD_hook``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from spardl_jax.baselines.common import check_local
+from spardl_jax.baselines.dense import formula as dense_formula
+from spardl_jax.core import protocol
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PowerSGDConfig:
+  """Options of PowerSGD.
+
+  Attributes:
+    rank: the rank ``r`` of each matrix's approximation (an int >= 1).
+    min_compression_rate: compress a ``(m, k)`` matrix only if ``m k >= rate * r (m + k)``
+      (PyTorch's default 2; below 1 compresses matrices the factors do not shrink, as tests
+      at full rank do).
+    seed: the seed of the initial ``Q`` (the same on every device).
+  """
+
+  rank: int = 4
+  min_compression_rate: float = 2.0
+  seed: int = 0
+
+  def __post_init__(self):
+    if isinstance(self.rank, bool) or not isinstance(self.rank, numbers.Integral) or (
+        self.rank < 1):
+      raise ValueError(f"PowerSGDConfig: rank must be an int >= 1, got {self.rank!r}.")
+    if isinstance(self.min_compression_rate, bool) or not isinstance(
+        self.min_compression_rate, numbers.Real) or not self.min_compression_rate > 0:
+      raise ValueError(f"PowerSGDConfig: min_compression_rate must be a number > 0, got "
+                       f"{self.min_compression_rate!r}.")
+    if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+      raise ValueError(f"PowerSGDConfig: seed must be an int, got {self.seed!r}.")
+
+
+class PowerSGDState(NamedTuple):
+  """Per-device state.
+
+  Attributes:
+    residual: ``(n,)`` this device's error (what the approximation left out), flat in leaf
+      order like the gradient.
+    qs: one ``(k_i, r)`` warm-start ``Q`` per compressed matrix, the same on every device.
+  """
+
+  residual: jax.Array
+  qs: tuple
+
+
+class Plan(NamedTuple):
+  """How the flat gradient splits into leaves: ``(start, rows, cols, compressed)`` each."""
+
+  leaves: tuple
+
+  @classmethod
+  def make(cls, shapes, config: PowerSGDConfig) -> "Plan":
+    leaves, start = [], 0
+    for shape in shapes:
+      size = math.prod(shape)
+      rows, cols = (shape[0], size // shape[0]) if len(shape) >= 2 and size else (size, 1)
+      r = min(config.rank, rows, cols)
+      compressed = (len(shape) >= 2 and rows * cols >= config.min_compression_rate * r *
+                    (rows + cols))
+      leaves.append((start, rows, cols, bool(compressed)))
+      start += size
+    return cls(tuple(leaves))
+
+  def matrices(self):
+    return [leaf for leaf in self.leaves if leaf[3]]
+
+  def dense_size(self) -> int:
+    return sum(rows * cols for _, rows, cols, compressed in self.leaves if not compressed)
+
+
+def _orthonormal(p: jax.Array) -> jax.Array:
+  """Orthonormal columns spanning ``p`` (Householder QR, deterministic, so identical on
+  every device from the identical all-reduced ``p``)."""
+  q, _ = jnp.linalg.qr(p.astype(jnp.float32))
+  return q.astype(p.dtype)
+
+
+@protocol.register
+@dataclasses.dataclass(frozen=True)
+class PowerSGD:
+  """PowerSGD as a registered all-reduce (options: :class:`PowerSGDConfig`)."""
+
+  name: ClassVar[str] = "powersgd"
+  summary: ClassVar[str] = "PowerSGD rank-r, error feedback, warm start"
+  Config: ClassVar[type] = PowerSGDConfig
+  nonfinite_reaches_result: ClassVar[bool] = False  # a NaN can vanish in the projection
+  config: PowerSGDConfig
+  shapes: tuple | None = None
+
+  def for_leaves(self, shapes) -> "PowerSGD":
+    """This method for a gradient of these leaf shapes (flattened in order)."""
+    return dataclasses.replace(self, shapes=tuple(tuple(int(d) for d in s) for s in shapes))
+
+  def _plan(self, n: int) -> Plan:
+    shapes = self.shapes if self.shapes is not None else ((n,),)
+    if sum(math.prod(s) for s in shapes) != n:
+      raise ValueError(f"powersgd: the leaf shapes {shapes} hold "
+                       f"{sum(math.prod(s) for s in shapes)} entries, the gradient {n}.")
+    return Plan.make(shapes, self.config)
+
+  def init(self, *, n: int, dtype, p: int) -> PowerSGDState:
+    del p
+    key = jax.random.key(self.config.seed)
+    qs = tuple(jax.random.normal(jax.random.fold_in(key, i), (cols, min(self.config.rank, rows,
+                                                                        cols)), dtype)
+               for i, (_, rows, cols, _) in enumerate(self._plan(n).matrices()))
+    return PowerSGDState(jnp.zeros((n,), dtype), qs)
+
+  def apply(self, x, state, *, axis_name):
+    check_local("powersgd", x, state.residual)
+    plan = self._plan(x.shape[0])
+    p = jax.lax.axis_size(axis_name)
+    g = x + state.residual
+    matrices = [g[start:start + rows * cols].reshape(rows, cols)
+                for start, rows, cols, _ in plan.matrices()]
+    dense = [g[start:start + rows * cols] for start, rows, cols, c in plan.leaves if not c]
+    # First all-reduce: every P factor and every uncompressed leaf, in one message.
+    ps = [m @ q for m, q in zip(matrices, state.qs)]
+    first = jax.lax.psum(jnp.concatenate([a.reshape(-1) for a in ps + dense] or
+                                         [jnp.zeros((0,), x.dtype)]), axis_name)
+    ps, at = [], 0
+    for m, q in zip(matrices, state.qs):
+      ps.append(_orthonormal(first[at:at + m.shape[0] * q.shape[1]].reshape(m.shape[0], -1)))
+      at += m.shape[0] * q.shape[1]
+    dense_sum = first[at:]
+    # Second all-reduce: the Q factors.
+    qs = [m.T @ pf for m, pf in zip(matrices, ps)]
+    second = jax.lax.psum(jnp.concatenate([q.reshape(-1) for q in qs] or
+                                          [jnp.zeros((0,), x.dtype)]), axis_name)
+    means, new_qs, at_q, at_d = [], [], 0, 0
+    pfactors = iter(ps)
+    for _, rows, cols, compressed in plan.leaves:
+      if compressed:
+        pf = next(pfactors)
+        q = second[at_q:at_q + cols * pf.shape[1]].reshape(cols, -1)
+        at_q += q.size
+        means.append((pf @ q.T / p).reshape(-1))
+        new_qs.append(q)
+      else:
+        means.append(dense_sum[at_d:at_d + rows * cols] / p)
+        at_d += rows * cols
+    y = jnp.concatenate(means).astype(x.dtype)
+    # Uncompressed leaves were reduced exactly: their error is 0 (up to rounding of the mean).
+    residual = jnp.concatenate([
+        (g[start:start + rows * cols] - mean) if compressed else jnp.zeros_like(mean)
+        for (start, rows, cols, compressed), mean in zip(plan.leaves, means)])
+    return y, PowerSGDState(residual.astype(x.dtype), tuple(new_qs))
+
+  def formula(self, *, p: int, n: int, itemsize: int) -> dict:
+    """Two ring all-reduces: of the P factors with the dense leaves, then of the Q factors."""
+    plan = self._plan(n)
+    first = sum(rows * min(self.config.rank, rows, cols) for _, rows, cols, _ in
+                plan.matrices()) + plan.dense_size()
+    second = sum(cols * min(self.config.rank, rows, cols) for _, rows, cols, _ in
+                 plan.matrices())
+    sizes = [s for s in (first, second) if s]
+    return {"rounds": sum(dense_formula(p, s)["rounds"] for s in sizes),
+            "bytes": sum(dense_formula(p, s, itemsize)["bytes"] for s in sizes)}
+
+  def stats(self, *, n: int, p: int, itemsize: int, state, rank):
+    del state, rank
+    return self.formula(p=p, n=n, itemsize=itemsize)["bytes"], 0
