@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from spardl_jax.baselines.common import (Baseline, allgather, check_local, densify, exchange,
-                                         scatter_table, topk_count)
+                                         topk_count)
 from spardl_jax.core import messages, protocol, topk
 from spardl_jax.core.config import DensityConfig, check_positive
 from spardl_jax.core.sparse import INVALID, Union, sparse_sum, top_of_union
@@ -107,16 +107,26 @@ def formula(p: int, n: int, config: OkTopkConfig, itemsize: int = 4) -> dict:
 
 def _split_table(g, selected, boundaries, p: int, c: int):
   """``(P, c)`` tables of the selected entries of each region (in index order, the first
-  ``c`` of a region); and the ``(n,)`` mask of entries placed."""
+  ``c`` of a region); and the ``(n,)`` mask of entries placed.
+
+  Work over ``n`` is elementwise plus one prefix count; the tables are gathered (``P c``
+  binary searches in the prefix count for the ``t``-th selected entry), never scattered
+  from ``n`` entries: a boundary search per index and an ``n``-long scatter made this
+  3x slower at n = 14.7M (docs/benchmark.md).
+  """
   n = g.shape[0]
   index = jnp.arange(n, dtype=jnp.int32)
-  owner = jnp.clip(jnp.searchsorted(boundaries, index, side="right") - 1, 0, p - 1)
-  before = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(selected, dtype=jnp.int32)])
-  slot = before[:-1] - before[boundaries[:-1]][owner]
-  placed = selected & (slot < c)
-  at = jnp.where(placed, owner * c + slot, p * c)
-  table_off, table_val = scatter_table(at, index, g, p=p, c=c)
-  return table_off, table_val, placed
+  # Region of every index: how many inner boundaries it has passed (P - 1 compares).
+  owner = jnp.sum(index[:, None] >= boundaries[None, 1:-1], axis=1, dtype=jnp.int32)
+  inclusive = jnp.cumsum(selected, dtype=jnp.int32)
+  start = jnp.concatenate([jnp.zeros((1,), jnp.int32), inclusive])[boundaries]  # (P + 1,)
+  placed = selected & (inclusive - start[owner] <= c)
+  # Slot s of region j holds the (start_j + s + 1)-th selected entry, if the region has it.
+  target = start[:-1, None] + jnp.arange(1, c + 1, dtype=jnp.int32)[None]
+  valid = target <= start[1:, None]
+  at = jnp.searchsorted(inclusive, target.reshape(-1), side="left").reshape(p, c)
+  at = jnp.where(valid, at, 0)
+  return jnp.where(valid, at, INVALID), jnp.where(valid, g[at], 0), placed
 
 
 def _rebalanced(result_offsets, n: int, p: int, old):
@@ -156,8 +166,11 @@ def oktopk_allreduce(x: jax.Array, state: OkTopkState, config: OkTopkConfig, *,
   rows = allgather(messages.pack(send_off[None], send_val[None]), axis_name)
   all_off, all_val = messages.unpack(rows, c, x.dtype)
   all_keys = jnp.where(all_off != INVALID, topk.keys(all_val), 0)
-  estimated = topk.kth_largest(all_keys.reshape(1, -1), min(k, p * c))[0]
-  global_threshold = jnp.where(estimate, estimated, state.global_threshold)
+  # Estimations and re-balancing run only on their steps (a cond, not a where: the same
+  # decision on every worker, and no selection or sort on the other steps).
+  global_threshold = jax.lax.cond(
+      estimate, lambda: topk.kth_largest(all_keys.reshape(1, -1), min(k, p * c))[0],
+      lambda: state.global_threshold)
   accepted = (all_off != INVALID) & (all_keys >= global_threshold)
   result_off = jnp.where(accepted, all_off, INVALID)
   y = densify(n, result_off, all_val, x.dtype) / p
@@ -168,8 +181,9 @@ def oktopk_allreduce(x: jax.Array, state: OkTopkState, config: OkTopkConfig, *,
   residual = residual.at[jnp.where((send_off != INVALID) & ~mine, send_off, INVALID)].add(
       send_val, mode="drop")
   rebalance = (state.step + 1) % config.tau_regions == 0
-  boundaries = jnp.where(rebalance, _rebalanced(result_off.reshape(-1), n, p, state.boundaries),
-                         state.boundaries)
+  boundaries = jax.lax.cond(
+      rebalance, lambda: _rebalanced(result_off.reshape(-1), n, p, state.boundaries),
+      lambda: state.boundaries)
   return y, OkTopkState(residual, local_threshold, global_threshold, boundaries,
                         state.step + 1)
 
