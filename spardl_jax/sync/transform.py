@@ -302,6 +302,7 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
       velocity = (momentum * state.velocity[0] + flat).astype(dtype)
       flat = velocity
     count = state.count[0]
+
     def run(level, x, local):
       return _run_level(level, x, local, n=n, p=p, itemsize=itemsize, axis_name=axis_name)
 
