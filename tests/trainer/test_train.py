@@ -106,19 +106,24 @@ def test_resume_mid_epoch_is_bit_identical(digits, tmp_path):
   """A checkpoint every 4 steps and at each epoch's end (10 steps an epoch: 4, 8, 10, 12, 16,
   20; the manager keeps the newest two). Without the epoch-2 end, the newest is step 16, step
   6 of epoch 2: resumed from there, the rest of the epoch repeats exactly (state and history
-  equal an uninterrupted run's)."""
+  equal an uninterrupted run's). The sync warms up densely for 5 steps, then moves through
+  DGC's density schedule until step 17 with momentum correction: the step 16 checkpoint
+  resumes inside the schedule with its velocity."""
   cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=4, epochs=2,
                     batch_size=64, steps_per_epoch=10, checkpoint_every=4)
   mesh = make_mesh(4)
-  whole = train_and_evaluate(cfg, SPARDL, digits, mesh, progress=False)
+  variant = Variant("spardl", "spardl", {"density": 0.01},
+                    {"warmup": 5, "ramp": 12, "momentum": 0.9})
+  whole = train_and_evaluate(cfg, variant, digits, mesh, progress=False)
+  assert np.any(np.asarray(whole.state.opt_state[0].velocity))
   ckpt = str(tmp_path / "ckpt")
-  train_and_evaluate(cfg, SPARDL, digits, mesh, progress=False, checkpoint_dir=ckpt)
+  train_and_evaluate(cfg, variant, digits, mesh, progress=False, checkpoint_dir=ckpt)
   from train import checkpoint
   mgr = checkpoint.manager(ckpt)
   assert mgr.all_steps() == [16, 20]
   mgr.delete(20)  # as if the run had stopped inside epoch 2
   mgr.close()
-  resumed = train_and_evaluate(cfg, SPARDL, digits, mesh, progress=False, checkpoint_dir=ckpt)
+  resumed = train_and_evaluate(cfg, variant, digits, mesh, progress=False, checkpoint_dir=ckpt)
   for a, b in zip(jax.tree.leaves(whole.state), jax.tree.leaves(resumed.state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert resumed.history == whole.history
