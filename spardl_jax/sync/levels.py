@@ -132,11 +132,12 @@ def density_warmup(target: float, *, steps: int, start: float = 0.25, factor: fl
   if isinstance(at, bool) or not isinstance(at, numbers.Integral) or at < 0:
     raise ValueError(f"density_warmup: at must be an int >= 0, got {at!r}.")
   densities = [float(start)]
-  while densities[-1] / factor >= target and densities[-1] > target:
+  while densities[-1] / factor >= target:
     densities.append(densities[-1] / factor)
-  if densities[-1] == target:
-    densities.pop()
-  each = max(1, steps // max(1, len(densities)))
-  pairs = [(0, densities[0])] if at == 0 else [(0, float(target)), (at, densities[0])]
-  pairs += [(at + i * each, d) for i, d in enumerate(densities) if i]
-  return pairs + [(at + steps, float(target))] if at + steps > pairs[-1][0] else pairs
+  densities = [d for d in densities if d != target][:steps]  # each level lasts >= 1 step
+  if not densities:  # start == target: nothing to warm up
+    return [(0, float(target))]
+  each = steps // len(densities)
+  pairs = [(0, float(target))] if at else []
+  pairs += [(at + i * each, d) for i, d in enumerate(densities)]
+  return pairs + [(at + steps, float(target))]

@@ -184,3 +184,6 @@ def test_density_warmup_is_dgc_schedule():
       (0, 0.25), (100, 0.0625), (200, 0.015625), (300, 0.00390625), (400, 0.001)]
   assert sj.density_warmup(0.01, steps=90, at=30) == [
       (0, 0.01), (30, 0.25), (60, 0.0625), (90, 0.015625), (120, 0.01)]
+  # Fewer steps than levels: one step each, the rest dropped; nothing to do at the target.
+  assert sj.density_warmup(0.001, steps=2) == [(0, 0.25), (1, 0.0625), (2, 0.001)]
+  assert sj.density_warmup(0.25, steps=10) == [(0, 0.25)]
