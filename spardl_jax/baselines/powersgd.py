@@ -81,29 +81,39 @@ class PowerSGDState(NamedTuple):
   qs: tuple
 
 
-class Plan(NamedTuple):
-  """How the flat gradient splits into leaves: ``(start, rows, cols, compressed)`` each."""
+class Leaf(NamedTuple):
+  """One leaf of the flat gradient: where it starts, its 2-D view, the rank of its factors
+  and whether they are worth sending instead of the leaf."""
 
-  leaves: tuple
+  start: int
+  rows: int
+  cols: int
+  rank: int
+  compressed: bool
 
-  @classmethod
-  def make(cls, shapes, config: PowerSGDConfig) -> "Plan":
-    leaves, start = [], 0
-    for shape in shapes:
-      size = math.prod(shape)
-      rows, cols = (shape[0], size // shape[0]) if len(shape) >= 2 and size else (size, 1)
-      r = min(config.rank, rows, cols)
-      compressed = (len(shape) >= 2 and rows * cols >= config.min_compression_rate * r *
-                    (rows + cols))
-      leaves.append((start, rows, cols, bool(compressed)))
-      start += size
-    return cls(tuple(leaves))
+  @property
+  def size(self) -> int:
+    return self.rows * self.cols
 
-  def matrices(self):
-    return [leaf for leaf in self.leaves if leaf[3]]
 
-  def dense_size(self) -> int:
-    return sum(rows * cols for _, rows, cols, compressed in self.leaves if not compressed)
+def plan(shapes, config: PowerSGDConfig) -> list[Leaf]:
+  """The leaves of a flat gradient made of ``shapes`` (in order)."""
+  leaves, start = [], 0
+  for shape in shapes:
+    size = math.prod(shape)
+    rows, cols = (shape[0], size // shape[0]) if len(shape) >= 2 and size else (size, 1)
+    rank = min(config.rank, rows, cols)
+    compressed = len(shape) >= 2 and rows * cols >= config.min_compression_rate * rank * (
+        rows + cols)
+    leaves.append(Leaf(start, rows, cols, rank, bool(compressed)))
+    start += size
+  return leaves
+
+
+def _psum_flat(parts: list, axis_name, dtype) -> jax.Array:
+  """One all-reduce (sum) of ``parts`` flattened and concatenated."""
+  return jax.lax.psum(jnp.concatenate([a.reshape(-1) for a in parts] or
+                                      [jnp.zeros((0,), dtype)]), axis_name)
 
 
 def _orthonormal(p: jax.Array) -> jax.Array:
@@ -129,68 +139,62 @@ class PowerSGD:
     """This method for a gradient of these leaf shapes (flattened in order)."""
     return dataclasses.replace(self, shapes=tuple(tuple(int(d) for d in s) for s in shapes))
 
-  def _plan(self, n: int) -> Plan:
+  def _leaves(self, n: int) -> list[Leaf]:
     shapes = self.shapes if self.shapes is not None else ((n,),)
     if sum(math.prod(s) for s in shapes) != n:
       raise ValueError(f"powersgd: the leaf shapes {shapes} hold "
                        f"{sum(math.prod(s) for s in shapes)} entries, the gradient {n}.")
-    return Plan.make(shapes, self.config)
+    return plan(shapes, self.config)
 
   def init(self, *, n: int, dtype, p: int) -> PowerSGDState:
     del p
     key = jax.random.key(self.config.seed)
-    qs = tuple(jax.random.normal(jax.random.fold_in(key, i), (cols, min(self.config.rank, rows,
-                                                                        cols)), dtype)
-               for i, (_, rows, cols, _) in enumerate(self._plan(n).matrices()))
+    matrices = [leaf for leaf in self._leaves(n) if leaf.compressed]
+    qs = tuple(jax.random.normal(jax.random.fold_in(key, i), (leaf.cols, leaf.rank), dtype)
+               for i, leaf in enumerate(matrices))
     return PowerSGDState(jnp.zeros((n,), dtype), qs)
 
   def apply(self, x, state, *, axis_name):
     check_local("powersgd", x, state.residual)
-    plan = self._plan(x.shape[0])
+    leaves = self._leaves(x.shape[0])
+    matrices = [leaf for leaf in leaves if leaf.compressed]
     p = jax.lax.axis_size(axis_name)
     g = x + state.residual
-    matrices = [g[start:start + rows * cols].reshape(rows, cols)
-                for start, rows, cols, _ in plan.matrices()]
-    dense = [g[start:start + rows * cols] for start, rows, cols, c in plan.leaves if not c]
+    pieces = [g[leaf.start:leaf.start + leaf.size] for leaf in leaves]
+    ms = [piece.reshape(leaf.rows, leaf.cols)
+          for leaf, piece in zip(leaves, pieces) if leaf.compressed]
+    dense = [piece for leaf, piece in zip(leaves, pieces) if not leaf.compressed]
     # First all-reduce: every P factor and every uncompressed leaf, in one message.
-    ps = [m @ q for m, q in zip(matrices, state.qs)]
-    first = jax.lax.psum(jnp.concatenate([a.reshape(-1) for a in ps + dense] or
-                                         [jnp.zeros((0,), x.dtype)]), axis_name)
+    first = _psum_flat([m @ q for m, q in zip(ms, state.qs)] + dense, axis_name, x.dtype)
     ps, at = [], 0
-    for m, q in zip(matrices, state.qs):
-      ps.append(_orthonormal(first[at:at + m.shape[0] * q.shape[1]].reshape(m.shape[0], -1)))
-      at += m.shape[0] * q.shape[1]
+    for leaf in matrices:
+      ps.append(_orthonormal(first[at:at + leaf.rows * leaf.rank].reshape(leaf.rows, -1)))
+      at += leaf.rows * leaf.rank
     dense_sum = first[at:]
     # Second all-reduce: the Q factors.
-    qs = [m.T @ pf for m, pf in zip(matrices, ps)]
-    second = jax.lax.psum(jnp.concatenate([q.reshape(-1) for q in qs] or
-                                          [jnp.zeros((0,), x.dtype)]), axis_name)
+    second = _psum_flat([m.T @ pf for m, pf in zip(ms, ps)], axis_name, x.dtype)
     means, new_qs, at_q, at_d = [], [], 0, 0
     pfactors = iter(ps)
-    for _, rows, cols, compressed in plan.leaves:
-      if compressed:
-        pf = next(pfactors)
-        q = second[at_q:at_q + cols * pf.shape[1]].reshape(cols, -1)
+    for leaf in leaves:
+      if leaf.compressed:
+        q = second[at_q:at_q + leaf.cols * leaf.rank].reshape(leaf.cols, leaf.rank)
         at_q += q.size
-        means.append((pf @ q.T / p).reshape(-1))
+        means.append((next(pfactors) @ q.T / p).reshape(-1))
         new_qs.append(q)
       else:
-        means.append(dense_sum[at_d:at_d + rows * cols] / p)
-        at_d += rows * cols
+        means.append(dense_sum[at_d:at_d + leaf.size] / p)
+        at_d += leaf.size
     y = jnp.concatenate(means).astype(x.dtype)
     # Uncompressed leaves were reduced exactly: their error is 0 (up to rounding of the mean).
-    residual = jnp.concatenate([
-        (g[start:start + rows * cols] - mean) if compressed else jnp.zeros_like(mean)
-        for (start, rows, cols, compressed), mean in zip(plan.leaves, means)])
+    residual = jnp.concatenate([piece - mean if leaf.compressed else jnp.zeros_like(mean)
+                                for leaf, piece, mean in zip(leaves, pieces, means)])
     return y, PowerSGDState(residual.astype(x.dtype), tuple(new_qs))
 
   def formula(self, *, p: int, n: int, itemsize: int) -> dict:
     """Two ring all-reduces: of the P factors with the dense leaves, then of the Q factors."""
-    plan = self._plan(n)
-    first = sum(rows * min(self.config.rank, rows, cols) for _, rows, cols, _ in
-                plan.matrices()) + plan.dense_size()
-    second = sum(cols * min(self.config.rank, rows, cols) for _, rows, cols, _ in
-                 plan.matrices())
+    leaves = self._leaves(n)
+    first = sum(leaf.rows * leaf.rank if leaf.compressed else leaf.size for leaf in leaves)
+    second = sum(leaf.cols * leaf.rank for leaf in leaves if leaf.compressed)
     sizes = [s for s in (first, second) if s]
     return {"rounds": sum(dense_formula(p, s)["rounds"] for s in sizes),
             "bytes": sum(dense_formula(p, s, itemsize)["bytes"] for s in sizes)}
