@@ -3,30 +3,34 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from spardl_jax import methods
 
 
+class Tuning(NamedTuple):
+  """One tuning key: its type, and the values it allows (in words and as a check)."""
+
+  kind: type
+  allowed: str
+  ok: Callable[[Any], bool]
+
+
 # Options of a variant beyond its method's own (``spardl:warmup=93:momentum=0.9``): how the
 # sync converges and the optimizer after it (see ``make_optimizer`` in train/train.py).
-TUNING: dict[str, type] = {
-    "warmup": int,        # dense syncs first (sync_gradients' warmup_steps)
-    "ramp": int,          # steps of DGC's density warm-up after the dense one
-    "momentum": float,    # DGC momentum correction before the sync; the SGD after has none
-    "masking": int,       # DGC momentum factor masking, 1 (default) or 0
-    "clip": float,        # DGC local gradient clipping threshold
-    "lr": float,          # this variant's learning rate (default: --lr, see make_optimizer)
-    "opt_momentum": float,  # this variant's SGD momentum or AdamW b1 (default: --momentum, 0.9)
-    "freeze": int,        # AdamW only: freeze the second moment after this many steps
-}
-
-
-_ALLOWED = {
-    "warmup": (">= 0", lambda v: v >= 0), "ramp": (">= 0", lambda v: v >= 0),
-    "momentum": ("in [0, 1)", lambda v: 0 <= v < 1), "masking": ("0 or 1", lambda v: v in (0, 1)),
-    "clip": ("> 0 and finite", lambda v: 0 < v < float("inf")),
-    "lr": ("> 0 and finite", lambda v: 0 < v < float("inf")),
-    "opt_momentum": ("in [0, 1)", lambda v: 0 <= v < 1), "freeze": (">= 1", lambda v: v >= 1),
+_AT_LEAST_0 = Tuning(int, ">= 0", lambda v: v >= 0)
+_UNIT = Tuning(float, "in [0, 1)", lambda v: 0 <= v < 1)
+_POSITIVE = Tuning(float, "> 0 and finite", lambda v: 0 < v < float("inf"))
+TUNING: dict[str, Tuning] = {
+    "warmup": _AT_LEAST_0,  # dense syncs first (sync_gradients' warmup_steps)
+    "ramp": _AT_LEAST_0,    # steps of DGC's density warm-up after the dense one
+    "momentum": _UNIT,      # DGC momentum correction before the sync; the SGD after has none
+    "masking": Tuning(int, "0 or 1", lambda v: v in (0, 1)),  # DGC momentum factor masking
+    "clip": _POSITIVE,      # DGC local gradient clipping threshold
+    "lr": _POSITIVE,        # this variant's learning rate (default: --lr, see make_optimizer)
+    "opt_momentum": _UNIT,  # this variant's SGD momentum or AdamW b1 (default: --momentum, 0.9)
+    "freeze": Tuning(int, ">= 1", lambda v: v >= 1),  # AdamW: freeze 2nd moment after N steps
 }
 
 
@@ -89,14 +93,14 @@ def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str)
   for pair in pairs:
     key, sep, value = pair.partition("=")
     if sep and key in TUNING:
+      rule = TUNING[key]
       try:
-        tuning[key] = TUNING[key](value)
+        tuning[key] = rule.kind(value)
       except ValueError:
         raise ValueError(f"method spec {text!r}: {key}={value!r} is not a valid "
-                         f"{TUNING[key].__name__}.") from None
-      allowed, ok = _ALLOWED[key]
-      if not ok(tuning[key]):
-        raise ValueError(f"method spec {text!r}: {key} must be {allowed}, got {value}.")
+                         f"{rule.kind.__name__}.") from None
+      if not rule.ok(tuning[key]):
+        raise ValueError(f"method spec {text!r}: {key} must be {rule.allowed}, got {value}.")
     else:
       rest.append(pair)
   method, options = methods.parse(":".join(rest), density=density, teams=teams, sag=sag,
@@ -119,13 +123,17 @@ RECIPES: dict[str, dict[str, dict[str, float]]] = {
 _EPOCH_KEYS = {"warmup_epochs": "warmup", "ramp_epochs": "ramp", "freeze_epochs": "freeze"}
 
 
-def recipe_tuning(name: str, *, optimizer: str, steps_per_epoch: int) -> dict:
-  """The :data:`TUNING` of recipe ``name`` for ``optimizer``, epochs turned into steps."""
+def recipe_tuning(name: str, *, optimizer: str, steps_per_epoch: int | None) -> dict:
+  """The :data:`TUNING` of recipe ``name`` for ``optimizer``, epochs turned into steps
+  (``steps_per_epoch`` may be None only for a recipe with no lengths)."""
   if name not in RECIPES:
     raise ValueError(f"--recipe must be one of {sorted(RECIPES)}, got {name!r}.")
   tuning = {}
   for key, value in RECIPES[name][optimizer].items():
     if key in _EPOCH_KEYS:
+      if steps_per_epoch is None:
+        raise ValueError(f"recipe {name!r} has lengths in epochs ({key}): pass "
+                         f"steps_per_epoch.")
       tuning[_EPOCH_KEYS[key]] = max(1, round(value * steps_per_epoch))
     else:
       tuning[key] = value

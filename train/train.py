@@ -34,7 +34,7 @@ import models
 import spardl_jax as sj
 from spardl_jax.parallel.rows import shard_rows
 from train import data, input_pipeline
-from train.config import RECIPES, TrainConfig, Variant, recipe_tuning
+from train.config import TrainConfig, Variant, recipe_tuning
 
 log = logging.getLogger("train")
 
@@ -110,11 +110,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
   """
   tuning = variant.tuning
   if "density" in variant.options:  # a sparse method: the recipe fills in the rest
-    if steps_per_epoch is None and any(key.endswith("_epochs") for key in
-                                       RECIPES.get(cfg.recipe, {}).get(cfg.optimizer, {})):
-      raise ValueError(f"make_optimizer: recipe {cfg.recipe!r} needs steps_per_epoch.")
     tuning = {**recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
-                              steps_per_epoch=steps_per_epoch or 1), **tuning}
+                              steps_per_epoch=steps_per_epoch), **tuning}
   corrected = tuning.get("momentum") is not None
   default_momentum = cfg.momentum if cfg.optimizer == "sgd" else 0.9
   momentum = 0.0 if corrected else tuning.get("opt_momentum", default_momentum)
