@@ -234,14 +234,18 @@ def main(argv=None) -> int:
   mesh = make_mesh(args.devices)
   jobs = [(c, k, s) for c in args.cases for k in args.variants for s in args.seeds]
   results: dict = {}
+  datasets: dict = {}  # (case, seed) -> dataset: loaded once, shared by the variants
   for case, key, seed in tqdm(jobs, desc="runs", unit="run", file=sys.stderr):
     # Each variant's tuning is explicit: no recipe defaults on top.
     cfg = dataclasses.replace(CASES[case], devices=args.devices, seed=seed, recipe="paper")
-    ds = data.load(cfg.dataset, data_request(cfg))
+    if (case, seed) not in datasets:
+      datasets[case, seed] = data.load(cfg.dataset, data_request(cfg))
+    ds = datasets[case, seed]
     steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
-    variant = variants(case, steps)[key]
-    if key not in ("recipe", "dense_tuned") and variant.tuning == variants(case, steps)[
-        "recipe"].tuning and "recipe" in args.variants:
+    case_variants = variants(case, steps)
+    variant = case_variants[key]
+    if (key not in ("recipe", "dense_tuned") and "recipe" in args.variants
+        and variant.tuning == case_variants["recipe"].tuning):
       continue  # this technique alone is the recipe: its rows come from the recipe's runs
     result = train_and_evaluate(cfg, variant, ds, mesh, progress=False)
     results.setdefault(case, {"steps": steps, "runs": {}})["runs"].setdefault(
