@@ -237,14 +237,15 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
   reaches_result = all(level.allreduce.nonfinite_reaches_result for level in unbound)
 
   def fresh_state(all_levels, n, dtype, p):
-    # The last level's all-reduce owns the state; every level's has its structure.
-    state = all_levels[-1].allreduce.init(n=n, dtype=dtype, p=p)
-    for level in all_levels:
-      if not level.dense and (jax.tree.structure(level.allreduce.init(n=n, dtype=dtype, p=p))
-                              != jax.tree.structure(state)):
-        raise ValueError(f"sync_gradients: the density levels of {method!r} keep states of "
-                         f"different structures; use one density.")
-    return state
+    """The last level's all-reduce owns the state; every sparse level's must share its
+    structure (checked on shapes only, nothing allocated)."""
+    shapes = {jax.tree.structure(jax.eval_shape(
+        functools.partial(level.allreduce.init, n=n, dtype=dtype, p=p)))
+              for level in all_levels if not level.dense}
+    if len(shapes) > 1:
+      raise ValueError(f"sync_gradients: the density levels of {method!r} keep states of "
+                       f"different structures; use one density.")
+    return all_levels[-1].allreduce.init(n=n, dtype=dtype, p=p)
 
   def init_fn(params):
     leaves, dtype = _float_leaves(params)
