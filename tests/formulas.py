@@ -24,21 +24,36 @@ def k(n: int, density: float) -> int:
 
 
 def spardl(p: int, n: int, density: float, *, teams: int = 1, sag: str = "recursive",
-           h: int | None = None, value_bytes: int = 4) -> dict:
-  """SRS + (SAG) + Bruck: rounds, bytes and elements (4-byte words) one worker sends."""
+           h: int | None = None, value_bytes: int = 4, wire: str = "exact") -> dict:
+  """SRS + (SAG) + Bruck: rounds, bytes and elements (4-byte words in the exact format) one
+  worker sends.
+
+  Compact blocks: 2 bytes of offset and 2 of value per slot, plus per block one count per
+  65,536 offsets of the block length m (2 bytes each while kb < 65,536, else 4).
+  """
   q = p // teams
   kb_ = kb(n, q, density)
-  pairs, words, rounds = 2 * kb_ * (q - 1), 0, 2 * log(q)
+  m = math.ceil(n / q)
+  if wire == "compact":
+    def block(slots):
+      return 4 * slots + math.ceil(m / 65536) * (2 if kb_ < 65536 else 4)
+  else:
+    def block(slots):
+      return slots * (4 + value_bytes)
+  blocks, rounds, words = 2 * (q - 1), 2 * log(q), 0
+  pairs = 2 * kb_ * (q - 1)
+  extra = 0
   if teams > 1 and sag == "recursive":
     rounds += int(math.log2(teams))
+    blocks += int(math.log2(teams))
     pairs += kb_ * int(math.log2(teams))
   elif teams > 1:  # B-SAG: top-h across the teams, and the count word in the final gather
     rounds += log(teams)
     pairs += h * (teams - 1)
+    extra = block(h) * (teams - 1)
     words = q - 1
-  pair = 4 + value_bytes
-  return {"kb": kb_, "rounds": rounds, "bytes": pairs * pair + 4 * words,
-          "elements": pairs * pair // 4 + words}
+  size = blocks * block(kb_) + extra + 4 * words
+  return {"kb": kb_, "rounds": rounds, "bytes": size, "elements": size // 4}
 
 
 def topka(p: int, n: int, density: float, value_bytes: int = 4) -> dict:

@@ -4,6 +4,7 @@ stable argsort. The tests compare the JAX implementation with it."""
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 
@@ -27,7 +28,15 @@ def _top_of_union(s, union, kb):
   return kept & union
 
 
-def spardl(xs, rs, density, residuals="global", teams=1, sag="recursive", h=None):
+def as_sent(v, wire):
+  """Values as the wire carries them: float32 rounded to bfloat16 in the compact format."""
+  if wire == "compact" and v.dtype == np.float32:
+    return v.astype(ml_dtypes.bfloat16).astype(np.float32)
+  return v
+
+
+def spardl(xs, rs, density, residuals="global", teams=1, sag="recursive", h=None,
+           wire="exact"):
   """One SparDL all-reduce of P workers.
 
   Args:
@@ -36,6 +45,9 @@ def spardl(xs, rs, density, residuals="global", teams=1, sag="recursive", h=None
       selected anything) or 'none'.
     teams: d, contiguous teams of Q = P / d.
     sag: 'recursive' (R-SAG) or 'bruck' (B-SAG, sending top-h pairs across teams).
+    wire: 'exact' or 'compact'. Compact rounds every value at its first send; the sender
+      keeps value - rounded (a value held in copies by a group of teams: the group's
+      lowest team keeps it).
   Returns:
     y (n,) the mean result, new residuals (P, n).
   """
@@ -51,11 +63,14 @@ def spardl(xs, rs, density, residuals="global", teams=1, sag="recursive", h=None
   l = (q - 1).bit_length()
 
   def sparsify(w, b, k=kb):
-    off = topk_offsets(buf[w, b], k)
-    vals = buf[w, b, off].copy()
+    off = topk_offsets(buf[w, b], kb)
+    vals = as_sent(buf[w, b, off], wire)
+    if k < kb:  # B-SAG sends the top-h of its candidates as they travel
+      keep = np.sort(np.argsort(-np.abs(vals.astype(np.float32)), kind="stable")[:k])
+      off, vals = off[keep], vals[keep]
     assert np.isnan(xi[w, b]).all(), "a block was sparsified twice"
     xi[w, b] = buf[w, b]
-    xi[w, b, off] = 0
+    xi[w, b, off] = buf[w, b, off] - vals
     chose[w, b, off] = True
     return off, vals
 
@@ -77,9 +92,19 @@ def spardl(xs, rs, density, residuals="global", teams=1, sag="recursive", h=None
     off, vals = sparsify(w, w % q, h if (d > 1 and sag == "bruck") else kb)
     vec[w, off] = vals
     mask[w, off] = True
-  shares = []  # R-SAG: per step, (P, m) discard shares
+  shares = []  # (P, m) discard shares and rounding errors, in the order they arise
+
+  def round_copies(vec, group):
+    """vec as sent by groups of `group` teams holding copies; the lowest team keeps the
+    rounding error."""
+    sent = as_sent(vec, wire)
+    holder = (np.arange(p) // q) % group == 0
+    shares.append(np.where(holder[:, None], vec - sent, 0).astype(vec.dtype))
+    return sent
+
   if d > 1 and sag == "recursive":
     for j in range(d.bit_length() - 1):
+      vec = round_copies(vec, 2 ** j)
       new_vec, new_mask, share = np.zeros_like(vec), np.zeros_like(mask), np.zeros_like(vec)
       for w in range(p):
         t, r = divmod(w, q)
@@ -103,6 +128,8 @@ def spardl(xs, rs, density, residuals="global", teams=1, sag="recursive", h=None
       kept = _top_of_union(total, union, kb)
       new_vec[w], new_mask[w] = np.where(kept, total, 0), kept
     vec, mask = new_vec, new_mask
+  if d > 1:
+    vec = round_copies(vec, d)
   result = np.zeros(q * m, xs.dtype)
   in_result = np.zeros(q * m, bool)
   for r in range(q):
@@ -116,8 +143,9 @@ def spardl(xs, rs, density, residuals="global", teams=1, sag="recursive", h=None
         r = w % q
         kept_xi[w, r * m:(r + 1) * m] += share[w]
     new_rs = np.where(in_result, kept_xi, g)
-  elif residuals == "local":
-    new_rs = np.where(chose.reshape(p, -1), 0, g)
+  elif residuals == "local":  # a worker keeps only the rounding error of what it sent
+    sent_error = np.where(chose, xi, 0).reshape(p, -1)
+    new_rs = np.where(chose.reshape(p, -1), sent_error, g)
   else:
     new_rs = np.zeros_like(g)
   return y, new_rs[:, :n]

@@ -116,7 +116,7 @@ def resolve_teams(config: SparDLConfig, p: int, n: int, itemsize: int) -> tuple[
   d = config.teams
   if d == "auto":
     d = cost.choose_teams(p, n, config.density, alpha=config.alpha, beta=config.beta,
-                          itemsize=itemsize, sag=config.sag)
+                          itemsize=itemsize, sag=config.sag, wire=config.wire)
   if p % d:
     divisors = [t for t in range(1, p + 1) if p % t == 0]
     raise ValueError(f"SparDLConfig: teams={d} does not divide the {p} workers on "
@@ -174,11 +174,11 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
                       axis_name=axis_name)
   buf = to_blocks(x + state.residual, frame)
   reduced = srs.spar_reduce_scatter(buf, kb=frame.kb, chunk=frame.chunk, rank=frame.rank, p=p,
-                                    axis_name=axis_name)
+                                    axis_name=axis_name, wire=frame.wire)
   own_off, own_val = own_block_selection(reduced.buf, frame)
   agreed = sag.spar_all_gather(own_off, own_val, state.controller, kind=frame.kind,
                                kb=frame.kb, p=p, q=frame.q, team=frame.team,
-                               axis_name=axis_name)
+                               axis_name=axis_name, wire=frame.wire)
   rows_off, rows_val, counts = gather_team(agreed, frame, axis_name=axis_name)
   controller = sag.next_controller(agreed, counts, kb=frame.kb, d=frame.d)
   y, in_result = scatter_result(rows_off, rows_val, frame, p=p)
@@ -197,6 +197,7 @@ class BlockFrame(NamedTuple):
     d: the team count; kind: ``'none'``, ``'recursive'`` or ``'bruck'`` (the SAG).
     chunk: the two-stage selection's chunk length ``c``
       (:func:`~spardl_jax.core.topk.chunk_size`).
+    wire: the message format (:class:`~spardl_jax.core.messages.Wire`).
     mc: a block's length in the buffer, ``m`` rounded up to a multiple of ``c``.
     rank: () int32 position in the team; team: () int32 team index.
   """
@@ -205,6 +206,7 @@ class BlockFrame(NamedTuple):
   d: int
   kind: str
   chunk: int
+  wire: messages.Wire
   mc: int
   rank: jax.Array
   team: jax.Array
@@ -238,7 +240,7 @@ def block_frame(n: int, config: SparDLConfig, *, p: int, itemsize: int,
   chunk = topk.chunk_size(layout.m, layout.kb)
   index = jax.lax.axis_index(axis_name).astype(jnp.int32)
   return BlockFrame(layout=layout, d=d, kind=kind, chunk=chunk,
-                    mc=-(-layout.m // chunk) * chunk, rank=index % layout.q,
+                    wire=cost.wire_format(config.wire, layout), mc=-(-layout.m // chunk) * chunk, rank=index % layout.q,
                     team=index // layout.q)
 
 
@@ -257,9 +259,10 @@ def from_blocks(flat: jax.Array, frame: BlockFrame) -> jax.Array:
 
 def own_block_selection(buf: jax.Array, frame: BlockFrame) -> tuple[jax.Array, jax.Array]:
   """Top-``kb`` of the worker's own reduced block (block ``rank``): ``(kb,)`` ascending
-  offsets and their values."""
+  offsets and their values as the wire carries them (GRES leaves the rounding error in the
+  worker's residual), so the owner uses the same values as everyone it sends them to."""
   offsets, values = topk.block_topk(buf, frame.rank[None], frame.kb, frame.chunk)
-  return offsets[0], values[0]
+  return offsets[0], frame.wire.round(values[0])
 
 
 def gather_team(agreed: sag.SagResult, frame: BlockFrame, *, axis_name
@@ -275,12 +278,12 @@ def gather_team(agreed: sag.SagResult, frame: BlockFrame, *, axis_name
   """
   q, p = frame.q, frame.q * frame.d
   count = None if agreed.count is None else agreed.count[None, None]
-  message = messages.pack(agreed.offsets[None], agreed.values[None], count)
+  message = frame.wire.pack(agreed.offsets[None], agreed.values[None], count)
   gathered = bruck.bruck_allgather(
       message, size=q, axis_name=axis_name,
       permutation=lambda shift: schedule.team_permutation(p, q, shift))
-  unpacked = messages.unpack(gathered, frame.kb, agreed.values.dtype,
-                             extra=0 if count is None else 1)
+  unpacked = frame.wire.unpack(gathered, frame.kb, agreed.values.dtype,
+                               extra=0 if count is None else 1)
   counts = (jnp.zeros((q,), jnp.int32) if count is None else unpacked[2].reshape(q))
   return unpacked[0], unpacked[1], counts
 
@@ -312,7 +315,7 @@ def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult, in_result: j
   own = frame.rank[None]
   selected = jnp.concatenate([reduced.selected, frame.positions(own, agreed.sent[None])])
   residual = gres.collect_residuals(reduced.buf.reshape(-1), in_result, reduced.receipts,
-                                    selected)
+                                    selected, sent_error=frame.wire.rounding_error)
   if in_result is None:
     return residual
   for share in agreed.shares:
@@ -345,7 +348,7 @@ class SparDL:
   def formula(self, *, p: int, n: int, itemsize: int, h=None) -> dict:
     teams, _ = resolve_teams(self.config, p, n, itemsize)
     return cost.spardl_cost(p, n, self.config.density, teams, itemsize=itemsize,
-                            sag=self.config.sag, h=h)
+                            sag=self.config.sag, h=h, wire=self.config.wire)
 
   def stats(self, *, n: int, p: int, itemsize: int, state: SparDLState, rank):
     del rank  # every worker sends the same bytes

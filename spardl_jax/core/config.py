@@ -18,6 +18,8 @@ Residuals = Literal["global", "local", "none"]
 RESIDUAL_MODES = ("global", "local", "none")
 Sag = Literal["auto", "recursive", "bruck"]
 SAG_MODES = ("auto", "recursive", "bruck")
+WireFormat = Literal["exact", "compact"]
+WIRE_FORMATS = ("exact", "compact")
 # Alpha-beta parameters of two networks: latency per round (s) and seconds per byte.
 ETHERNET_10G = {"alpha": 50e-6, "beta": 1 / 1.25e9}
 INFINIBAND_100G = {"alpha": 2e-6, "beta": 1 / 12.5e9}
@@ -44,6 +46,12 @@ class SparDLConfig:
       every discard, mass-conserving. ``'local'``: only what a worker discarded of its own
       gradient before sending (LRES, as in DGC); mass received and discarded in-procedure
       is lost. ``'none'``: no residual at all.
+    wire: the message format (:class:`~spardl_jax.core.messages.Wire`). ``'exact'``:
+      int32 offsets and values in the gradient's dtype. ``'compact'``: 16-bit offsets
+      (plus a count per 65,536 offsets of a block) and bfloat16 values, about half the
+      bytes of ``'exact'`` for float32 gradients; each sender keeps the rounding error of
+      the values it sends in its residual, so no gradient mass is lost (float16 and
+      bfloat16 values travel unchanged).
 
   References:
     Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient
@@ -54,6 +62,7 @@ class SparDLConfig:
   teams: int | Literal["auto"] = 1
   sag: Sag = "auto"
   residuals: Residuals = "global"
+  wire: WireFormat = "exact"
   alpha: float = ETHERNET_10G["alpha"]
   beta: float = ETHERNET_10G["beta"]
 
@@ -77,6 +86,8 @@ class SparDLConfig:
     if self.residuals not in RESIDUAL_MODES:
       raise ValueError(f"SparDLConfig: residuals must be one of {RESIDUAL_MODES}, got "
                        f"{self.residuals!r}.")
+    if self.wire not in WIRE_FORMATS:
+      raise ValueError(f"SparDLConfig: wire must be one of {WIRE_FORMATS}, got {self.wire!r}.")
     object.__setattr__(self, "density", as_float(self.density))
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 
+from spardl_jax.core import messages
 from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G, BlockLayout
 
 __all__ = ["ETHERNET_10G", "INFINIBAND_100G", "choose_teams", "modeled_seconds", "paper_table1",
-           "sag_kind", "spardl_cost", "spardl_formula"]
+           "sag_kind", "spardl_cost", "spardl_formula", "wire_format"]
 
 
 def sag_kind(teams: int, sag: str) -> str:
@@ -25,10 +26,10 @@ def sag_kind(teams: int, sag: str) -> str:
 
 
 def spardl_formula(p: int, kb: int, value_bytes: int = 4, *, teams: int = 1,
-                   sag: str = "recursive", h=None) -> dict:
+                   sag: str = "recursive", h=None, wire: messages.Wire = messages.EXACT) -> dict:
   """The ``docs/design.md`` cost of one SparDL all-reduce, per worker.
 
-  With ``Q = P / d`` and a pair = int32 offset + value:
+  With ``Q = P / d`` and, in the exact format, a pair = int32 offset + value:
 
   * ``d = 1``: ``2 ceil(log2 P)`` rounds, ``4 kb (P - 1)`` elements.
   * R-SAG: ``2 ceil(log2 Q) + log2 d`` rounds, ``4 kb (Q - 1) + 2 kb log2 d`` elements.
@@ -36,41 +37,54 @@ def spardl_formula(p: int, kb: int, value_bytes: int = 4, *, teams: int = 1,
     elements, plus one int32 word (the distinct count that makes ``h`` global) in each of
     the ``Q - 1`` blocks of the final Bruck all-gather.
 
+  Bytes are the blocks' sizes under ``wire`` (:meth:`~spardl_jax.core.messages.Wire.
+  block_bytes`); ``elements`` counts an offset and a value per pair whatever the format.
+
   Args:
     p: workers; kb: pairs per block; value_bytes: the value dtype's size.
     teams: ``d``; sag: ``'recursive'`` or ``'bruck'`` (used when ``d > 1``).
     h: the B-SAG message size (an int or a traced scalar).
+    wire: the message format.
 
   Returns:
     ``rounds``, ``elements`` and ``bytes`` (``elements`` and ``bytes`` follow ``h``'s type).
   """
   q = p // teams
   lq = (q - 1).bit_length()
-  pair = 4 + value_bytes
-  rounds, pairs, words = 2 * lq, 2 * kb * (q - 1), 0
+  rounds, blocks, pairs, words = 2 * lq, 2 * (q - 1), 2 * kb * (q - 1), 0
+  other = 0  # bytes of B-SAG's blocks of h pairs
   if teams > 1 and sag == "recursive":
     rounds += (teams - 1).bit_length()
+    blocks += (teams - 1).bit_length()
     pairs += kb * (teams - 1).bit_length()
   elif teams > 1:
     if h is None:
       raise ValueError("spardl_formula: B-SAG needs the message size h.")
     rounds += (teams - 1).bit_length()
     pairs = pairs + h * (teams - 1)
+    other = wire.block_bytes(h, value_bytes) * (teams - 1)
     words = q - 1
-  return {"rounds": rounds, "elements": 2 * pairs + words, "bytes": pair * pairs + 4 * words}
+  size = blocks * wire.block_bytes(kb, value_bytes) + other + 4 * words
+  return {"rounds": rounds, "elements": 2 * pairs + words, "bytes": size}
 
 
 def spardl_cost(p: int, n: int, density: float, teams: int, *, itemsize: int = 4,
-                sag: str = "auto", h=None) -> dict:
+                sag: str = "auto", h=None, wire: str = "exact") -> dict:
   """Per-worker ``rounds``, ``bytes`` (and ``kb``, ``sag``) of one all-reduce of ``n``.
 
   ``h`` is B-SAG's message size (an int or a traced scalar); by default the largest, ``kb``.
+  ``wire`` is ``SparDLConfig.wire``.
   """
-  kb = BlockLayout.make(n, p // teams, density).kb
+  layout = BlockLayout.make(n, p // teams, density)
   kind = sag_kind(teams, sag)
-  cost = spardl_formula(p, kb, itemsize, teams=teams, sag=kind,
-                                h=kb if h is None else h)
-  return {"teams": teams, "sag": kind if teams > 1 else "-", "kb": kb, **cost}
+  cost = spardl_formula(p, layout.kb, itemsize, teams=teams, sag=kind,
+                        h=layout.kb if h is None else h, wire=wire_format(wire, layout))
+  return {"teams": teams, "sag": kind if teams > 1 else "-", "kb": layout.kb, **cost}
+
+
+def wire_format(wire: str, layout: BlockLayout) -> messages.Wire:
+  """The :class:`~spardl_jax.core.messages.Wire` of ``SparDLConfig.wire`` for ``layout``."""
+  return messages.Wire(compact=wire == "compact", span=layout.m, kb=layout.kb)
 
 
 def modeled_seconds(cost: dict, *, alpha: float, beta: float) -> float:
@@ -79,12 +93,13 @@ def modeled_seconds(cost: dict, *, alpha: float, beta: float) -> float:
 
 
 def choose_teams(p: int, n: int, density: float, *, alpha: float, beta: float,
-                 itemsize: int = 4, sag: str = "auto") -> int:
+                 itemsize: int = 4, sag: str = "auto", wire: str = "exact") -> int:
   """The divisor ``d`` of ``p`` with the least modeled time (the smaller ``d`` on a tie)."""
   divisors = [d for d in range(1, p + 1) if p % d == 0
               and not (sag == "recursive" and d & (d - 1))]
   return min(divisors, key=lambda d: (modeled_seconds(
-      spardl_cost(p, n, density, d, itemsize=itemsize, sag=sag), alpha=alpha, beta=beta), d))
+      spardl_cost(p, n, density, d, itemsize=itemsize, sag=sag, wire=wire), alpha=alpha,
+      beta=beta), d))
 
 
 def paper_table1(method: str, p: int, n: int, k: int, d: int = 1, *, sag: str = "auto"

@@ -9,7 +9,8 @@ buffer value (``g_w[i]`` plus what ``w`` received there). Hence
 
 The residual is built in place from the SRS buffer: receipts at non-result indices are
 undone by writing back the values logged before each receipt (newest first), and selected
-result indices are zeroed. Only sparse writes touch the dense buffer.
+result indices are zeroed (or, in the compact wire format, set to the rounding error of the
+value sent: the part that did not leave). Only sparse writes touch the dense buffer.
 
 The same pass gives local residual collection (LRES, the paper's ablation baseline) when no
 result mask is given: every receipt is undone and every selection zeroed, so a worker keeps
@@ -18,7 +19,7 @@ only what it discarded of its own gradient; everything discarded after a receipt
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,9 @@ from spardl_jax.core.srs import Receipt
 
 
 def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Sequence[Receipt],
-                      selected: jax.Array) -> jax.Array:
+                      selected: jax.Array, *,
+                      sent_error: Callable[[jax.Array], jax.Array | None] = lambda v: None
+                      ) -> jax.Array:
   """The worker's new residual, in the flat layout of its block buffer.
 
   Args:
@@ -37,6 +40,9 @@ def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Seq
     receipts: the SRS receipts in step order.
     selected: ``(s,)`` int32 flat positions this worker selected (sent or kept); ``size``
       marks an empty slot.
+    sent_error: the part of a selected value that did not travel (``Wire.rounding_error``;
+      None when values travel unchanged). A selected entry is never received into again,
+      so ``buf`` still holds the value it had when it was sent.
 
   Returns:
     ``(size,)`` the residual, same dtype as ``buf``.
@@ -52,4 +58,5 @@ def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Seq
     zero = selected
   else:
     zero = jnp.where(in_result.at[selected].get(mode="fill", fill_value=False), selected, size)
-  return res.at[zero].set(0, mode="drop")
+  error = sent_error(buf.at[zero].get(mode="fill", fill_value=0))
+  return res.at[zero].set(0 if error is None else error, mode="drop")

@@ -1,18 +1,32 @@
 """Packing sparse blocks into one static-shape message per communication step.
 
-A message carries ``L`` blocks of ``kb`` (offset, value) pairs. Offsets are int32, values keep
-the gradient's dtype; both are bit-cast to one unsigned word type and concatenated, so each
-step is ONE ``ppermute`` (one collective-permute in the compiled program) whose byte size is
-exactly ``L * kb * (4 + itemsize)``.
+A message carries ``L`` blocks of ``kb`` (offset, value) slots, all of them concatenated
+into one word array, so each step is ONE ``ppermute`` (one collective-permute in the compiled
+program). Offsets inside a block are ascending, and empty slots (offset
+:data:`~spardl_jax.core.sparse.INVALID`) come last. SparDL has two formats, :class:`Wire`:
+
+* ``exact``: int32 offsets and values in the gradient's dtype, bit-cast to one unsigned word
+  type: ``L * kb * (4 + itemsize)`` bytes.
+* ``compact``: the low 16 bits of each offset, values in bfloat16 (float16 and bfloat16
+  values travel unchanged), and per block the cumulative count of its slots below each
+  multiple of 65,536 (``segments = ceil(span / 65,536)`` counts, uint16 when the block's slot
+  count fits in 16 bits, else uint32). Ascending offsets make the counts recover the high
+  bits, and the last count is the number of filled slots, so empty slots need no marker:
+  ``L * (4 kb + segments * count_bytes)`` bytes. The sender rounds the values; the rounding
+  error is the sender's to keep (``docs/design.md``, "Wire format").
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 _WORDS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+SEGMENT = 1 << 16  # offsets of a compact block travel as (segment, low 16 bits)
+_INVALID = np.iinfo(np.int32).max  # sparse.INVALID (sparse imports this module)
 
 
 def _word_dtype(dtype) -> np.dtype:
@@ -34,7 +48,7 @@ def _from_words(w: jax.Array, dtype) -> jax.Array:
 
 def pack(offsets: jax.Array, values: jax.Array, extra: jax.Array | None = None) -> jax.Array:
   """Pack ``(L, kb)`` int32 offsets, ``(L, kb)`` values and optionally ``(L, e)`` int32
-  ``extra`` words (e.g. a count) into one ``(L, words)`` word array."""
+  ``extra`` words (e.g. a count) into one ``(L, words)`` word array (the exact format)."""
   word = _word_dtype(values.dtype)
   parts = [_to_words(offsets, word), _to_words(values, word)]
   if extra is not None:
@@ -53,3 +67,88 @@ def unpack(message: jax.Array, kb: int, dtype, extra: int = 0):
   if extra:
     parts += (_from_words(message[:, stop:], jnp.int32),)
   return parts
+
+
+def segments(span: int) -> int:
+  """Cumulative counts a compact block of offsets in ``[0, span)`` carries."""
+  return -(-span // SEGMENT)
+
+
+def count_dtype(kb: int) -> np.dtype:
+  """The dtype of a compact block's counts: they never exceed ``kb``."""
+  return np.dtype(np.uint16 if kb < SEGMENT else np.uint32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wire:
+  """The message format of one SparDL all-reduce (``SparDLConfig.wire``).
+
+  Attributes:
+    compact: False for the ``exact`` format, True for ``compact``.
+    span: block length ``m``: every offset of a message lies in ``[0, span)``.
+    kb: the most slots a block of this all-reduce carries (sizes the compact counts).
+  """
+
+  compact: bool = False
+  span: int = 1
+  kb: int = 1
+
+  def value_dtype(self, dtype) -> np.dtype:
+    """The dtype values of ``dtype`` travel in."""
+    return np.dtype(jnp.bfloat16) if self.compact and np.dtype(dtype).itemsize > 2 else (
+        np.dtype(dtype))
+
+  def round(self, values: jax.Array) -> jax.Array:
+    """``values`` as the receiver will see them (identity unless they are narrowed)."""
+    narrow = self.value_dtype(values.dtype)
+    return values if narrow == values.dtype else values.astype(narrow).astype(values.dtype)
+
+  def rounding_error(self, values: jax.Array) -> jax.Array | None:
+    """``values - round(values)``, the part of a sent value its sender keeps; None when
+    the format sends values unchanged."""
+    if self.value_dtype(values.dtype) == values.dtype:
+      return None
+    return values - self.round(values)
+
+  def pack(self, offsets: jax.Array, values: jax.Array,
+           extra: jax.Array | None = None) -> jax.Array:
+    """``(L, s)`` ascending int32 offsets (empty slots last), ``(L, s)`` values and optional
+    ``(L, e)`` int32 ``extra`` words -> one ``(L, words)`` message."""
+    if not self.compact:
+      return pack(offsets, values, extra)
+    bounds = jnp.arange(1, segments(self.span) + 1, dtype=jnp.int32) * SEGMENT
+    counts = jax.vmap(lambda row: jnp.searchsorted(row, bounds))(offsets)
+    parts = [(offsets & (SEGMENT - 1)).astype(jnp.uint16),
+             _to_words(values.astype(self.value_dtype(values.dtype)), jnp.uint16),
+             _to_words(counts.astype(count_dtype(self.kb)), jnp.uint16)]
+    if extra is not None:
+      parts.append(_to_words(extra, jnp.uint16))
+    return jnp.concatenate(parts, axis=1)
+
+  def unpack(self, message: jax.Array, kb: int, dtype, extra: int = 0):
+    """Inverse of :meth:`pack` for ``kb`` slots per block: int32 offsets (empty slots
+    :data:`~spardl_jax.core.sparse.INVALID`) and values in ``dtype``, each ``(L, kb)``, and
+    the ``(L, extra)`` int32 words when ``extra > 0``."""
+    if not self.compact:
+      return unpack(message, kb, dtype, extra)
+    segs = segments(self.span)
+    stop = 2 * kb + segs * count_dtype(self.kb).itemsize // 2
+    counts = _from_words(message[:, 2 * kb:stop], count_dtype(self.kb)).astype(jnp.int32)
+    slots = jnp.arange(kb, dtype=jnp.int32)
+    segment = jax.vmap(lambda c: jnp.searchsorted(c, slots, side="right"))(counts)
+    offsets = jnp.where(segment < segs,
+                        segment * SEGMENT + message[:, :kb].astype(jnp.int32), _INVALID)
+    values = _from_words(message[:, kb:2 * kb], self.value_dtype(dtype)).astype(dtype)
+    parts = (offsets, values)
+    if extra:
+      parts += (_from_words(message[:, stop:], jnp.int32),)
+    return parts
+
+  def block_bytes(self, slots, value_bytes: int):
+    """Bytes of one block of ``slots`` (an int or a traced scalar) pairs."""
+    if not self.compact:
+      return slots * (4 + value_bytes)
+    return 4 * slots + segments(self.span) * count_dtype(self.kb).itemsize
+
+
+EXACT = Wire()

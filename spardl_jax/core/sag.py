@@ -36,24 +36,40 @@ class Share(NamedTuple):
   values: jax.Array
 
 
+def as_sent(offsets: jax.Array, values: jax.Array, holder: jax.Array, wire: messages.Wire
+            ) -> tuple[jax.Array, list[Share]]:
+  """``(kb,)`` values held in identical copies by a group of workers, as ``wire`` carries
+  them, and the rounding error as the :class:`Share` of the group's ``holder`` (() bool,
+  True on one worker of the group): the error stays once, exactly, with one sender."""
+  rounded = wire.round(values)
+  if rounded is values:
+    return values, []
+  return rounded, [Share(offsets, jnp.where(holder, values - rounded, 0))]
+
+
 def recursive_sag(offsets: jax.Array, values: jax.Array, *, kb: int, p: int, q: int,
-                  team: jax.Array, axis_name) -> tuple[jax.Array, jax.Array, list[Share]]:
+                  team: jax.Array, axis_name, wire: messages.Wire = messages.EXACT
+                  ) -> tuple[jax.Array, jax.Array, list[Share]]:
   """R-SAG of this worker's ``(kb,)`` pairs of its own block with the other teams.
 
   At step ``j`` the merged group has ``2^(j+1)`` workers holding identical copies, so each
   keeps ``1 / 2^(j+1)`` of the discard (the paper's "half" at ``j = 0``; "half" at every step
-  would count a discard ``2^j`` times once groups hold copies).
+  would count a discard ``2^j`` times once groups hold copies). Before step ``j`` the values
+  are rounded as the wire carries them; the group's lowest team keeps the error.
 
   Returns:
-    ``(offsets, values, shares)``: the ``(kb,)`` agreed pairs and one :class:`Share` per step.
+    ``(offsets, values, shares)``: the ``(kb,)`` agreed pairs (not yet rounded) and the
+    :class:`Share` of every step.
   """
   d = p // q
   shares = []
   for j in range(d.bit_length() - 1):
+    values, error = as_sent(offsets, values, team % 2**j == 0, wire)
+    shares += error
     # The lower team's pairs come first in the sum, on both sides of the exchange.
     offsets, values, union, dropped = merge_with_partner(
         offsets, values, kb, perm=schedule.recursive_doubling_permutation(p, q, j),
-        axis_name=axis_name, mine_first=(team >> j) % 2 == 0)
+        axis_name=axis_name, mine_first=(team >> j) % 2 == 0, wire=wire)
     shares.append(Share(jnp.where(dropped, union.offsets, INVALID),
                         union.sums * np.asarray(0.5 ** (j + 1), values.dtype)))
   return offsets, values, shares
@@ -68,7 +84,8 @@ def by_magnitude(offsets: jax.Array, values: jax.Array) -> tuple[jax.Array, jax.
 
 def bruck_sag(offsets: jax.Array, values: jax.Array, level: jax.Array, *,
               ladder: tuple[int, ...], kb: int, p: int, q: int, team: jax.Array,
-              axis_name) -> tuple[jax.Array, jax.Array, jax.Array]:
+              axis_name, wire: messages.Wire = messages.EXACT
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """B-SAG of this worker's candidates with the other teams, sending ``ladder[level]`` pairs.
 
   The paper also gives each worker ``1/d`` of the discard; a discarded index is never in the
@@ -79,6 +96,7 @@ def bruck_sag(offsets: jax.Array, values: jax.Array, level: jax.Array, *,
     offsets, values: ``(kb,)`` candidates ordered by :func:`by_magnitude`.
     level: () int32 index into ``ladder``, the same on every worker.
     ladder: the static message sizes.
+    wire: the message format; ``values`` must already be as it carries them.
 
   Returns:
     ``(offsets, values, count)``: the ``(kb,)`` agreed pairs and the () int32 number of
@@ -88,11 +106,14 @@ def bruck_sag(offsets: jax.Array, values: jax.Array, level: jax.Array, *,
 
   def branch(h):
     def gather(offsets, values):
-      message = messages.pack(offsets[None, :h], values[None, :h])
+      offsets, values = offsets[:h], values[:h]
+      if wire.compact:  # its offsets travel as ascending deltas; the sum ignores the order
+        offsets, values = jax.lax.sort((offsets, values), num_keys=1)
+      message = wire.pack(offsets[None], values[None])
       rows = bruck.bruck_allgather(
           message, size=d, axis_name=axis_name,
           permutation=lambda shift: schedule.cross_team_permutation(p, q, shift))
-      rows_off, rows_val = messages.unpack(in_worker_order(rows, team), h, values.dtype)
+      rows_off, rows_val = wire.unpack(in_worker_order(rows, team), h, values.dtype)
       union = sparse_sum(rows_off, rows_val)
       kept_off, kept_val, _ = top_of_union(union, kb)
       return kept_off, kept_val, union.count
@@ -106,10 +127,12 @@ class SagResult(NamedTuple):
 
   Attributes:
     offsets, values: ``(kb,)`` the agreed sparse sum of this worker's block (ascending
-      offsets, empty slots :data:`INVALID`); without SAG, the worker's own selection.
+      offsets, empty slots :data:`INVALID`), values as the wire carries them; without SAG,
+      the worker's own selection.
     sent: ``(kb,)`` offsets of its own selection that left the worker (the rest is
       in-procedure residual): all of them except for B-SAG, which sends the top-``h``.
-    shares: the R-SAG discards this worker keeps (:class:`Share` per step).
+    shares: the R-SAG discards and the rounding errors this worker keeps, one
+      :class:`Share` each.
     count: () int32 distinct indices B-SAG gathered (None otherwise), for the controller.
     controller: the :class:`~spardl_jax.core.h_controller.HState` after choosing this
       sync's ``h`` (``last_h`` is ``kb`` without B-SAG).
@@ -125,9 +148,13 @@ class SagResult(NamedTuple):
 
 def spar_all_gather(offsets: jax.Array, values: jax.Array, controller: h_controller.HState, *,
                     kind: str, kb: int, p: int, q: int, team: jax.Array,
-                    axis_name) -> SagResult:
+                    axis_name, wire: messages.Wire = messages.EXACT) -> SagResult:
   """Runs the Spar-All-Gather ``kind`` (``'none'``, ``'recursive'`` or ``'bruck'``) on this
-  worker's ``(kb,)`` own-block selection (ascending offsets).
+  worker's ``(kb,)`` own-block selection (ascending offsets, values as ``wire`` carries
+  them).
+
+  All ``d`` teams' workers of a position end with the same agreed sum; it is rounded as the
+  wire carries it once more for the final gather, and team 0's worker keeps the error.
 
   For B-SAG the controller picks ``h`` from the static ladder
   (:func:`~spardl_jax.core.schedule.h_ladder`): the smallest ladder size at least
@@ -138,8 +165,9 @@ def spar_all_gather(offsets: jax.Array, values: jax.Array, controller: h_control
     return SagResult(offsets, values, offsets, [], None, controller)
   if kind == "recursive":
     offsets_out, values_out, shares = recursive_sag(offsets, values, kb=kb, p=p, q=q, team=team,
-                                                    axis_name=axis_name)
-    return SagResult(offsets_out, values_out, offsets, shares, None, controller)
+                                                    axis_name=axis_name, wire=wire)
+    values_out, error = as_sent(offsets_out, values_out, team == 0, wire)
+    return SagResult(offsets_out, values_out, offsets, shares + error, None, controller)
   d = p // q
   ladder = schedule.h_ladder(kb, d)
   controller = h_controller.start(controller, kb=kb, d=d)
@@ -150,8 +178,10 @@ def spar_all_gather(offsets: jax.Array, values: jax.Array, controller: h_control
   ordered_off, ordered_val = by_magnitude(offsets, values)
   sent = jnp.where(jnp.arange(kb) < h, ordered_off, INVALID)
   offsets_out, values_out, count = bruck_sag(ordered_off, ordered_val, level, ladder=ladder,
-                                             kb=kb, p=p, q=q, team=team, axis_name=axis_name)
-  return SagResult(offsets_out, values_out, sent, [], count, controller._replace(last_h=h))
+                                             kb=kb, p=p, q=q, team=team, axis_name=axis_name,
+                                             wire=wire)
+  values_out, error = as_sent(offsets_out, values_out, team == 0, wire)
+  return SagResult(offsets_out, values_out, sent, error, count, controller._replace(last_h=h))
 
 
 def next_controller(result: SagResult, counts: jax.Array, *, kb: int, d: int

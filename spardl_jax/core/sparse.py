@@ -61,7 +61,8 @@ def top_of_union(union: Union, kb: int) -> tuple[jax.Array, jax.Array, jax.Array
 
 
 def merge_with_partner(offsets: jax.Array, values: jax.Array, k: int, *, perm, axis_name,
-                       mine_first=True) -> tuple[jax.Array, jax.Array, Union, jax.Array]:
+                       mine_first=True, wire: messages.Wire = messages.EXACT
+                       ) -> tuple[jax.Array, jax.Array, Union, jax.Array]:
   """One pairwise merge: send this worker's ``(k,)`` pairs along ``perm``, sum them with the
   pairs received, and keep the top-``k`` of the sum.
 
@@ -72,13 +73,15 @@ def merge_with_partner(offsets: jax.Array, values: jax.Array, k: int, *, perm, a
     axis_name: the mesh axis.
     mine_first: (bool or () bool) this worker's row comes first in the sum. Partners must
       agree on the order, so both compute the same bits.
+    wire: the message format; ``values`` must already be as it carries them
+      (``wire.round``), so both partners sum the same values.
 
   Returns:
     ``(offsets, values, union, dropped)``: the ``(k,)`` kept pairs (ascending), the sum, and
     the ``(L,)`` mask of its slots the top-``k`` discarded.
   """
-  message = jax.lax.ppermute(messages.pack(offsets[None], values[None]), axis_name, perm=perm)
-  theirs_off, theirs_val = messages.unpack(message, k, values.dtype)
+  message = jax.lax.ppermute(wire.pack(offsets[None], values[None]), axis_name, perm=perm)
+  theirs_off, theirs_val = wire.unpack(message, k, values.dtype)
   rows_off = jnp.where(mine_first, jnp.stack([offsets, theirs_off[0]]),
                        jnp.stack([theirs_off[0], offsets]))
   rows_val = jnp.where(mine_first, jnp.stack([values, theirs_val[0]]),

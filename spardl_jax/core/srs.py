@@ -52,7 +52,7 @@ def flat_positions(rows: jax.Array, offsets: jax.Array, mc: int) -> jax.Array:
 
 
 def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
-                        p: int, axis_name) -> SRSResult:
+                        p: int, axis_name, wire: messages.Wire = messages.EXACT) -> SRSResult:
   """Runs SRS on one worker of a team of ``q = buf.shape[0]`` workers.
 
   Args:
@@ -63,6 +63,7 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
     rank: int32 scalar, this worker's rank inside its team.
     p: number of workers on ``axis_name`` (a multiple of ``q``).
     axis_name: the mesh axis.
+    wire: the message format; what a receiver adds is the value as the wire carries it.
   """
   q, mc = buf.shape
   receipts, selected = [], []
@@ -71,9 +72,9 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
     bag = (rank + jnp.arange(st.start, st.stop, dtype=jnp.int32)) % q
     offsets, values = topk.block_topk(buf, bag, kb, chunk)
     selected.append(flat_positions(bag, offsets, mc))
-    message = jax.lax.ppermute(messages.pack(offsets, values), axis_name,
+    message = jax.lax.ppermute(wire.pack(offsets, values), axis_name,
                                perm=schedule.team_permutation(p, q, st.shift))
-    offsets, values = messages.unpack(message, kb, buf.dtype)
+    offsets, values = wire.unpack(message, kb, buf.dtype)
     rows = (rank + jnp.arange(st.size, dtype=jnp.int32)) % q
     positions = flat_positions(rows, offsets, mc)
     flat = buf.reshape(-1)
