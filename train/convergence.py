@@ -55,8 +55,8 @@ def variants(case: str, steps_per_epoch: int) -> dict[str, Variant]:
   cfg = CASES[case]
   adam = cfg.optimizer == "adamw"
 
-  def sparse(label, tuning):
-    return Variant(label, "spardl", {"density": DENSITY}, tuning)
+  def sparse(label, tuning, wire="exact"):
+    return Variant(label, "spardl", {"density": DENSITY, "wire": wire}, tuning)
 
   # Momentum correction moves the momentum before the sync; with AdamW the second moment
   # must then be frozen (per-coordinate normalisation of the bursty velocity diverges), so
@@ -75,11 +75,12 @@ def variants(case: str, steps_per_epoch: int) -> dict[str, Variant]:
       "correction": sparse("+ momentum correction", correction),
       "clip": sparse("+ local clipping", {"clip": CLIP[case]}),
       "recipe": sparse("recipe: " + ", ".join(f"{k}={v}" for k, v in recipe.items()), recipe),
+      "compact": sparse("recipe, compact wire", recipe, wire="compact"),
   }
 
 
 VARIANT_KEYS = ("dense", "dense_tuned", "paper", "warmup", "ramp", "correction", "clip",
-                "recipe")
+                "recipe", "compact")
 
 
 def _parse_args(argv):
@@ -244,8 +245,9 @@ def main(argv=None) -> int:
     steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
     case_variants = variants(case, steps)
     variant = case_variants[key]
+    recipe = case_variants["recipe"]
     if (key not in ("recipe", "dense_tuned") and "recipe" in args.variants
-        and variant.tuning == case_variants["recipe"].tuning):
+        and (variant.tuning, variant.options) == (recipe.tuning, recipe.options)):
       continue  # this technique alone is the recipe: its rows come from the recipe's runs
     result = train_and_evaluate(cfg, variant, ds, mesh, progress=False)
     results.setdefault(case, {"steps": steps, "runs": {}})["runs"].setdefault(

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 # Below this chunk size two stages save less than they cost.
 _MIN_CHUNK = 4
 _KEY_BITS = 31  # non-negative float32 keys fit in 31 bits
+_GROUP = 8  # entries per group of the compaction's counts
 
 
 def chunk_size(m: int, kb: int) -> int:
@@ -66,13 +67,23 @@ def kth_largest(k_: jax.Array, k: int) -> jax.Array:
 
 
 def _compact(take: jax.Array, k: int) -> jax.Array:
-  """Positions of the ``k`` True entries of each row of ``take`` ``(L, N)``, ascending."""
+  """Positions of the ``k`` True entries of each row of ``take`` ``(L, N)``, ascending.
+
+  A prefix sum over ``N`` and a scatter of ``N`` entries cost more on XLA:CPU than the
+  selection itself (the prefix sum is a log-depth scan). Instead: counts per group of
+  :data:`_GROUP` entries, a prefix sum over the ``N / 8`` groups, a binary search for the
+  group of each output slot, and a count inside that group (``docs/performance.md``).
+  """
   rows, n = take.shape
-  slot = jnp.where(take, jnp.cumsum(take, axis=1, dtype=jnp.int32) - 1, k)
-  flat = (slot + jnp.arange(rows, dtype=jnp.int32)[:, None] * (k + 1)).reshape(-1)
-  source = jnp.tile(jnp.arange(n, dtype=jnp.int32), rows)
-  out = jnp.zeros((rows * (k + 1),), jnp.int32).at[flat].set(source, mode="drop")
-  return out.reshape(rows, k + 1)[:, :k]
+  groups = jnp.pad(take, ((0, 0), (0, -n % _GROUP))).reshape(rows, -1, _GROUP)
+  ends = jnp.cumsum(jnp.sum(groups, axis=2, dtype=jnp.int32), axis=1)  # (L, N / 8)
+  slots = jnp.arange(k, dtype=jnp.int32)
+  group = jax.vmap(lambda e: jnp.searchsorted(e, slots, side="right"))(ends)  # (L, k)
+  start = jnp.where(group > 0, jnp.take_along_axis(ends, jnp.maximum(group - 1, 0), axis=1),
+                    0)
+  window = jnp.take_along_axis(groups, group[:, :, None], axis=1)  # (L, k, 8)
+  before = jnp.cumsum(window, axis=2, dtype=jnp.int32) <= (slots - start)[:, :, None]
+  return group * _GROUP + jnp.sum(before, axis=2, dtype=jnp.int32)
 
 
 def select(k_: jax.Array, k: int) -> jax.Array:

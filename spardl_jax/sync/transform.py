@@ -356,7 +356,7 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
 
 def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule = 0.01,
            teams: int | str = 1, sag: Sag = "auto", residuals: Residuals = "global",
-           alpha: float = ETHERNET_10G["alpha"], beta: float = ETHERNET_10G["beta"],
+           wire: WireFormat = "exact", alpha: float = ETHERNET_10G["alpha"], beta: float = ETHERNET_10G["beta"],
            warmup_steps: int = 0, momentum: float | None = None, momentum_masking: bool = True,
            clip_norm: float | None = None, axis_size: int | None = None,
            nonfinite: NonFinite = "skip") -> optax.GradientTransformation:
@@ -379,6 +379,8 @@ def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule =
       it from the alpha-beta model.
     sag: ``'auto'``, ``'recursive'`` (R-SAG) or ``'bruck'`` (B-SAG) for ``teams > 1``.
     residuals: ``'global'`` (GRES, default), ``'local'`` or ``'none'``.
+    wire: the message format, ``'exact'`` or ``'compact'`` (16-bit offsets and bfloat16
+      values, about half the bytes; the rounding error stays in the residual).
     alpha, beta: latency (s) and seconds per byte of the network, for ``teams='auto'``.
     See :class:`~spardl_jax.SparDLConfig` for details.
     warmup_steps, momentum, momentum_masking, clip_norm: the convergence options of
@@ -399,7 +401,7 @@ def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule =
                         nonfinite=nonfinite, warmup_steps=warmup_steps, momentum=momentum,
                         momentum_masking=momentum_masking, clip_norm=clip_norm,
                         density=density, teams=teams, sag=sag, residuals=residuals,
-                        alpha=alpha, beta=beta)
+                        wire=wire, alpha=alpha, beta=beta)
 
 
 def powersgd(*, axis_name: str = "data", rank: int = 4, start_iter: int = 0,

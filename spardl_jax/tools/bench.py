@@ -9,7 +9,7 @@ Usage::
   python -m spardl_jax.bench --selection --n 1e6,14.7e6 --densities 0.01,0.001
 
 For each device count ``P``, gradient size ``n`` and method (SparDL once per team count
-``d``) it reports:
+``d`` and per ``--wire`` format) it reports:
 
 * the rounds and the bytes each device sends, measured from the compiled HLO, next to the
   method's formula (dense ``pmean`` is one all-reduce op: its ring cost is the formula);
@@ -45,7 +45,7 @@ import sys
 import time
 
 from spardl_jax.core import protocol
-from spardl_jax.core.config import ETHERNET_10G
+from spardl_jax.core.config import ETHERNET_10G, WIRE_FORMATS
 from spardl_jax.sync import methods as _methods
 
 # One sync of a flat vector: the methods that work on one. PowerSGD needs the leaf shapes
@@ -84,6 +84,8 @@ def _parse_args(argv):
   parser.add_argument("--teams", default="1",
                       help="SparDL team counts d: a comma list, or 'all' for every divisor")
   parser.add_argument("--sag", default="auto", choices=["auto", "recursive", "bruck"])
+  parser.add_argument("--wire", default="exact,compact",
+                      help="SparDL message formats, comma separated (default exact,compact)")
   parser.add_argument("--alpha", type=float, default=ETHERNET_10G["alpha"],
                       help="latency per round (s); default 10 Gbit/s Ethernet")
   parser.add_argument("--beta", type=float, default=ETHERNET_10G["beta"],
@@ -105,6 +107,10 @@ def _parse_args(argv):
   unknown = sorted(set(args.methods) - set(METHODS))
   if unknown:
     parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}")
+  args.wire = [w.strip() for w in args.wire.split(",") if w.strip()]
+  if not args.wire or set(args.wire) - set(WIRE_FORMATS):
+    parser.error(f"--wire: expected a comma list from {list(WIRE_FORMATS)}, got "
+                 f"{','.join(args.wire)!r}")
   if args.teams != "all":
     try:
       args.teams = [int(v) for v in args.teams.split(",")]
@@ -138,7 +144,8 @@ def _teams(args, p: int) -> list[int]:
 
 
 def _variants(args, p: int):
-  """``(label, method, teams)`` for every method (SparDL once per team count)."""
+  """``(label, method, teams)`` for every method (SparDL once per team count and wire
+  format)."""
   from spardl_jax.core import cost, protocol
   from spardl_jax.sync import methods
 
@@ -147,8 +154,11 @@ def _variants(args, p: int):
       yield name, methods.make(name), None
     elif name == "spardl":
       for d in _teams(args, p):
-        label = "spardl" if d == 1 else f"spardl d={d} ({cost.sag_kind(d, args.sag)[0].upper()}-SAG)"
-        yield label, methods.make("spardl", density=args.density, teams=d, sag=args.sag), d
+        for wire in args.wire:
+          label = "spardl" + ("" if wire == "exact" else f" {wire}") + (
+              "" if d == 1 else f" d={d} ({cost.sag_kind(d, args.sag)[0].upper()}-SAG)")
+          yield label, methods.make("spardl", density=args.density, teams=d, sag=args.sag,
+                                    wire=wire), d
     else:
       yield name, methods.make(name, density=args.density), None
 

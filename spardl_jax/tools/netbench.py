@@ -7,7 +7,9 @@ with ``tc qdisc ... tbf rate R`` (what a namespace sends is limited to ``R``), a
 JAX process per namespace (``jax.distributed`` + gloo over those links, one CPU device
 each). In one run it times every method, interleaved (repeat r runs each method once), at
 each rate, feeding each method's state back as training does (after one warm-up step), and
-prints the median wall time per sync and the ratios to SparDL. The processes
+prints the median wall time per sync, the ratios to SparDL (``spardl``, the exact wire
+format) and the bytes per device (the busiest device's, from each method's formula, which
+the traffic tests hold to the compiled HLO). The processes
 share this machine's cores, so compute is slower than on separate hosts; the network is the
 emulated part. Everything is torn down at the end (also on failure). Not part of CI.
 """
@@ -27,7 +29,8 @@ import time
 
 BRIDGE = "spdlbr0"
 SUBNET = "10.77.0"
-DEFAULT_METHODS = ["dense", "spardl", "spardl:teams=2", "topka", "topkdsa", "gtopk", "oktopk"]
+DEFAULT_METHODS = ["dense", "dense_bf16", "spardl", "spardl:wire=compact", "spardl:teams=2",
+                   "topka", "topkdsa", "gtopk", "oktopk"]
 
 
 def _sh(*cmd: str, ns: str | None = None) -> None:
@@ -124,7 +127,7 @@ def worker(args) -> int:
 
   xs = np.random.default_rng(0).standard_normal((p, args.n)).astype(np.float32)
   x = shard_rows(xs, mesh)
-  runs = {}
+  runs, sent = {}, {}
   for text in args.methods:
     name, options = methods.parse(text, density=args.density)
     method = methods.make(name, **options)
@@ -132,6 +135,7 @@ def worker(args) -> int:
     fn = methods.sharded(method, mesh)
     _, state = jax.block_until_ready(fn(x, state))  # compile and warm up (step 0)
     runs[text] = [fn, state]
+    sent[text] = method.formula(p=p, n=args.n, itemsize=4)["bytes"]
   times = {text: [] for text in args.methods}
   for _ in range(args.repeats):
     for text, run in runs.items():  # the state is fed back, as in training
@@ -140,7 +144,8 @@ def worker(args) -> int:
       times[text].append(time.perf_counter() - start)
   if jax.process_index() == 0:
     with open(args.out, "w") as f:
-      json.dump({t: statistics.median(v) for t, v in times.items()}, f)
+      json.dump({t: {"seconds": statistics.median(v), "bytes": sent[t]}
+                 for t, v in times.items()}, f)
   return 0
 
 
@@ -174,12 +179,14 @@ def main(argv=None) -> int:
       results[rate] = run_workers(namespaces, args, rate)
   print(f"wall time per sync (median of {args.repeats}), P = {args.processes} processes, "
         f"n = {args.n:,}, density {args.density}")
-  print("| method | " + " | ".join(f"{r} (s) | {r} vs SparDL" for r in results) + " |")
-  print("|---|" + "---|---|" * len(results))
+  print("| method | bytes/device | " + " | ".join(f"{r} (s) | {r} vs SparDL" for r in results)
+        + " |")
+  print("|---|---|" + "---|---|" * len(results))
   for text in args.methods:
-    cells = []
+    cells = [f"{next(iter(results.values()))[text]['bytes']:,}"]
     for times in results.values():
-      cells += [f"{times[text]:.3f}", f"{times[text] / times['spardl']:.2f}x"]
+      seconds = times[text]["seconds"]
+      cells += [f"{seconds:.3f}", f"{seconds / times['spardl']['seconds']:.2f}x"]
     print(f"| {text} | " + " | ".join(cells) + " |")
   with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump(results, f, indent=2)

@@ -6,11 +6,13 @@ from tests import formulas
 
 def test_bench_rows_report_hlo_traffic_equal_to_formula():
   args = bench._parse_args(["--devices", "3", "--n", "1000,2001", "--density", "0.05",
-                            "--repeats", "1", "--methods", "spardl"])
+                            "--repeats", "1", "--methods", "spardl"])  # both wire formats
   rows = bench.run(args)
-  assert [r["n"] for r in rows] == [1000, 2001]
+  assert [(r["n"], r["method"]) for r in rows] == [
+      (1000, "spardl"), (1000, "spardl compact"), (2001, "spardl"), (2001, "spardl compact")]
   for r in rows:
-    assert r["hlo_bytes_per_device"] == formulas.spardl(3, r["n"], 0.05)["bytes"]
+    wire = "compact" if "compact" in r["method"] else "exact"
+    assert r["hlo_bytes_per_device"] == formulas.spardl(3, r["n"], 0.05, wire=wire)["bytes"]
     assert r["hlo_bytes_per_device"] == r["formula_bytes"]
     assert r["hlo_rounds"] == r["formula_rounds"] == 4
     assert r["other_collectives"] == []
@@ -21,7 +23,8 @@ def test_bench_rows_report_hlo_traffic_equal_to_formula():
 def test_bench_sweeps_every_team_count_and_marks_the_model_pick():
   # A small n keeps B-SAG's ladder short (d = 6: h in 1..6), so the compiles are quick.
   args = bench._parse_args(["--devices", "6", "--n", "600", "--teams", "all", "--repeats",
-                            "1", "--methods", "spardl", "--max-memory-gb", "0"])  # untimed
+                            "1", "--methods", "spardl", "--max-memory-gb", "0",  # untimed
+                            "--wire", "exact"])
   rows = bench.run(args)
   assert [r["method"] for r in rows] == ["spardl", "spardl d=2 (R-SAG)", "spardl d=3 (B-SAG)",
                                          "spardl d=6 (B-SAG)"]
@@ -35,7 +38,7 @@ def test_bench_sweeps_every_team_count_and_marks_the_model_pick():
 
 def test_bench_all_methods_side_by_side(tmp_path):
   args = bench._parse_args(["--devices", "4", "--n", "4000", "--repeats", "1", "--out",
-                            str(tmp_path), "--max-memory-gb", "0"])  # HLO only, untimed
+                            str(tmp_path), "--max-memory-gb", "0", "--wire", "exact"])  # HLO only
   rows = bench.run(args)
   assert [r["method"] for r in rows] == list(bench.METHODS)
   by_name = {r["method"]: r for r in rows}
