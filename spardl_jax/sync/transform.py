@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from spardl_jax.core.allreduce import bound_axes
-from spardl_jax.core.config import ETHERNET_10G, Residuals, Sag
+from spardl_jax.core.config import ETHERNET_10G, Residuals, Sag, WireFormat
 from spardl_jax.sync import levels, methods
 
 
@@ -356,7 +356,8 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
 
 def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule = 0.01,
            teams: int | str = 1, sag: Sag = "auto", residuals: Residuals = "global",
-           wire: WireFormat = "exact", alpha: float = ETHERNET_10G["alpha"], beta: float = ETHERNET_10G["beta"],
+           wire: WireFormat = "exact", alpha: float = ETHERNET_10G["alpha"],
+           beta: float = ETHERNET_10G["beta"],
            warmup_steps: int = 0, momentum: float | None = None, momentum_masking: bool = True,
            clip_norm: float | None = None, axis_size: int | None = None,
            nonfinite: NonFinite = "skip") -> optax.GradientTransformation:
