@@ -272,8 +272,11 @@ class RunResult(NamedTuple):
   Attributes:
     variant: the label.
     metric: the dataset's metric, ``"accuracy"`` or ``"mae"`` (regression).
-    history: one dict per epoch: ``train_loss``, ``test_loss``, ``train_<metric>``,
-      ``test_<metric>``, ``bytes_sent`` (cumulative per device), ``residual_norm``.
+    history: one dict per epoch: ``steps`` (taken so far), ``train_loss``, ``test_loss``,
+      ``train_<metric>``,
+      ``test_<metric>``, ``bytes_sent`` (cumulative per device), ``train_seconds``
+      (cumulative wall time of the train steps and their input, the compilation and the
+      evaluations left out: what time to accuracy counts), ``residual_norm``.
     num_params: parameters (float entries synchronized per step).
     bytes_per_step: bytes each device sent per step.
     time_per_step: median wall seconds of a train step, compilation excluded (see
@@ -347,8 +350,10 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                log_every=cfg.log_every, progress=progress,
                wait_each_step=_rendezvous_hazard(mesh))
   sent = history[-1]["bytes_sent"] if history else 0.0
+  clock = history[-1].get("train_seconds", 0.0) if history else 0.0
   for epoch in range(at.epoch, cfg.epochs + 1):
     resume = epoch == at.epoch and at.done > 0
+    epoch_start, compiled_before = time.perf_counter(), loop.compile_seconds
     loop.start_epoch(at.rows if resume else [])
     batches = input_pipeline.train_batches(ds.train, cfg.batch_size, mesh, cfg.axis_name,
                                            seed=cfg.seed, epoch=epoch,
@@ -367,12 +372,13 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
         checkpoint.save(mgr, step, state, {"history": history,
                                            "position": position._asdict()})
     epoch_metrics = loop.fetch(epoch)  # (steps, 3): loss, metric, bytes per step
+    clock += time.perf_counter() - epoch_start - (loop.compile_seconds - compiled_before)
     sent += float(epoch_metrics[:, 2].sum())
     test_loss, test_metric = evaluate_model(evaluate, state, ds, mesh, cfg)
-    history.append({"epoch": epoch, "train_loss": float(epoch_metrics[:, 0].mean()),
+    history.append({"epoch": epoch, "steps": epoch * steps, "train_loss": float(epoch_metrics[:, 0].mean()),
                     f"train_{ds.metric}": float(epoch_metrics[:, 1].mean()),
                     "test_loss": float(test_loss), f"test_{ds.metric}": float(test_metric),
-                    "bytes_sent": sent,
+                    "bytes_sent": sent, "train_seconds": clock,
                     "residual_norm": float(np.mean(
                         _host(sj.sync_stats(state.opt_state).residual_norm)))})
     loop.log(f"epoch {epoch}/{cfg.epochs}: train loss {history[-1]['train_loss']:.4f}, "
@@ -431,11 +437,13 @@ class _Loop:
     self.step_fn, self.bar = None, None
     self.pending, self.epoch_rows, self.times = [], [], []
     self.last_bytes, self.interval_start, self.done = None, None, 0
+    self.compile_seconds = 0.0
 
   def compile(self, train, state, batch) -> None:
     start = time.perf_counter()
     self.step_fn = train.lower(state, batch).compile()
-    self.log(f"train step compiled in {time.perf_counter() - start:.1f} s")
+    self.compile_seconds = time.perf_counter() - start
+    self.log(f"train step compiled in {self.compile_seconds:.1f} s")
     if self.interactive:  # after the compile, so the bar's rate and ETA are real
       self.bar = tqdm(total=self.total, desc=self.label, unit="step", leave=False)
     self.interval_start = time.perf_counter()

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from spardl_jax.baselines.common import check_local
 from spardl_jax.baselines.dense import formula as dense_formula
-from spardl_jax.core import protocol
+from spardl_jax.core import flat, protocol
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -112,8 +112,7 @@ def plan(shapes, config: PowerSGDConfig) -> list[Leaf]:
 
 def _psum_flat(parts: list, axis_name, dtype) -> jax.Array:
   """One all-reduce (sum) of ``parts`` flattened and concatenated."""
-  return jax.lax.psum(jnp.concatenate([a.reshape(-1) for a in parts] or
-                                      [jnp.zeros((0,), dtype)]), axis_name)
+  return jax.lax.psum(flat.concat(parts or [jnp.zeros((0,), dtype)]), axis_name)
 
 
 def _orthonormal(p: jax.Array) -> jax.Array:
@@ -184,11 +183,11 @@ class PowerSGD:
       else:
         means.append(dense_sum[at_d:at_d + leaf.size] / p)
         at_d += leaf.size
-    y = jnp.concatenate(means).astype(x.dtype)
+    y = flat.concat(means, x.dtype)
     # Uncompressed leaves were reduced exactly: their error is 0 (up to rounding of the mean).
-    residual = jnp.concatenate([piece - mean if leaf.compressed else jnp.zeros_like(mean)
-                                for leaf, piece, mean in zip(leaves, pieces, means)])
-    return y, PowerSGDState(residual.astype(x.dtype), tuple(new_qs))
+    residual = flat.concat([piece - mean if leaf.compressed else jnp.zeros_like(mean)
+                            for leaf, piece, mean in zip(leaves, pieces, means)], x.dtype)
+    return y, PowerSGDState(residual, tuple(new_qs))
 
   def formula(self, *, p: int, n: int, itemsize: int) -> dict:
     """Two ring all-reduces: of the P factors with the dense leaves, then of the Q factors."""

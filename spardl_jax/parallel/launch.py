@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from spardl_jax.parallel import distributed
 
@@ -66,10 +67,14 @@ def child_environment() -> dict[str, str]:
 
 
 def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
-           timeout: float | None = None, host: str = "127.0.0.1", out=None) -> int:
+           timeout: float | None = None, host: str = "127.0.0.1", out=None,
+           prefix: Callable[[int], list[str]] | None = None) -> int:
   """Runs ``command`` as ``processes`` ranks of one job; returns the job's exit code.
 
   0 when every rank exits 0; otherwise the first failing rank's code (124 on timeout).
+  ``host`` is the coordinator's address (rank 0 must be reachable there); ``prefix(rank)``
+  is put before the command of each rank, e.g. ``['ip', 'netns', 'exec', 'ns0']`` to run it
+  in a network namespace (:mod:`spardl_jax.netbench`).
 
   Raises:
     ValueError: for ``processes`` or ``devices_per_process`` below 1, or a ``timeout`` that
@@ -88,7 +93,8 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
   for rank in range(processes):
     child_env = dict(env, **distributed.environment(coordinator, processes, rank,
                                                      devices_per_process))
-    proc = subprocess.Popen(command, env=child_env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*(prefix(rank) if prefix else []), *command], env=child_env,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     procs.append(proc)
     thread = threading.Thread(target=_stream, args=(rank, proc.stdout, out), daemon=True)

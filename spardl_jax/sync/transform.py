@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from spardl_jax.core import flat as flat_vector
 from spardl_jax.core.allreduce import bound_axes
 from spardl_jax.core.config import ETHERNET_10G, Residuals, Sag, WireFormat
 from spardl_jax.sync import levels, methods
@@ -286,7 +287,7 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     floats, dtype = _float_leaves(updates)
     all_levels = levels.for_leaves(unbound, [x.shape for x in floats])
     local = jax.tree.map(lambda a: a[0], state.method_state)
-    flat = jnp.concatenate([x.astype(dtype).reshape(-1) for x in floats])
+    flat = flat_vector.concat(floats, dtype)
     n = sum(x.size for x in floats)
     residual = getattr(local, "residual", None)
     if residual is not None and residual.shape != (n,):

@@ -77,39 +77,40 @@ def _resolve_hostname_to(ns: str, address: str) -> None:
     f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
 
 
+UNSHAPED = "unshaped"
+
+
 def shape(namespaces: list[str], rate: str) -> None:
-  """Limits what every namespace sends to ``rate`` (a tc rate, e.g. 1gbit, 100mbit)."""
+  """Limits what every namespace sends to ``rate`` (a tc rate, e.g. 1gbit, 100mbit), or
+  lifts the limit for :data:`UNSHAPED`."""
   for i, ns in enumerate(namespaces):
     subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", f"spdlv{i}",
                     "root"], capture_output=True)
+    if rate == UNSHAPED:
+      continue
     _sh("tc", "qdisc", "add", "dev", f"spdlv{i}", "root", "tbf", "rate", rate, "burst",
         "4mb", "latency", "400ms", ns=ns)
 
 
 def run_workers(namespaces, args, rate: str) -> dict:
   """One process per namespace; returns rank 0's timings."""
-  from spardl_jax.parallel import distributed, launch
+  from spardl_jax.parallel import launch
 
-  port = 47000 + int(time.time()) % 1000
   out = os.path.join(args.out, f"times_{rate}.json")
-  procs = []
-  for i, ns in enumerate(namespaces):
-    env = launch.child_environment()
-    env.update(distributed.environment(f"{SUBNET}.1:{port}", len(namespaces), i, 1))
-    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "spardl_jax.netbench", "--worker",
-           "--n", str(args.n), "--density", str(args.density), "--repeats",
-           str(args.repeats), "--methods", ",".join(args.methods), "--out", out]
-    procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
-  try:
-    for proc in procs:
-      if proc.wait(timeout=args.timeout) != 0:
-        raise SystemExit(f"a worker failed at {rate}")
-  finally:
-    for proc in procs:
-      if proc.poll() is None:
-        os.killpg(proc.pid, 9)
+  cmd = [sys.executable, "-m", "spardl_jax.netbench", "--worker", "--n", str(args.n),
+         "--density", str(args.density), "--repeats", str(args.repeats), "--methods",
+         ",".join(args.methods), "--out", out]
+  if launch.launch(cmd, processes=len(namespaces), host=f"{SUBNET}.1", timeout=args.timeout,
+                   prefix=in_namespace(namespaces)):
+    raise SystemExit(f"a worker failed at {rate}")
   with open(out) as f:
     return json.load(f)
+
+
+def in_namespace(namespaces: list[str]):
+  """``rank -> command prefix`` running rank ``i`` in ``namespaces[i]`` (for
+  :func:`spardl_jax.parallel.launch.launch`)."""
+  return lambda rank: ["ip", "netns", "exec", namespaces[rank]]
 
 
 def worker(args) -> int:

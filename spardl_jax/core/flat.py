@@ -1,0 +1,27 @@
+"""Concatenating 1-D arrays into one flat vector without ``jnp.concatenate``.
+
+XLA:CPU emits a concatenate (fused with its consumers) as a loop that picks the operand of
+every output element: 114 ms for two 1-D arrays of 4.2M float32 on this project's machine,
+against a few ms for the same bytes written as in-place slice updates of one buffer. The flat
+gradient of ``sync_gradients`` (271 ms of a 354 ms ``mlp_wide`` train step, dense included)
+and PowerSGD's flat results were built that way; they use :func:`concat` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+
+def concat(parts: Sequence[jax.Array], dtype=None) -> jax.Array:
+  """``jnp.concatenate([p.reshape(-1) for p in parts])`` cast to ``dtype`` (default: the
+  first part's), written as ``dynamic_update_slice`` of a zero buffer."""
+  dtype = dtype or parts[0].dtype
+  flat = jnp.zeros((sum(p.size for p in parts),), dtype)
+  start = 0
+  for p in parts:
+    flat = jax.lax.dynamic_update_slice(flat, p.astype(dtype).reshape(-1), (start,))
+    start += p.size
+  return flat
