@@ -46,12 +46,12 @@ class SparDLConfig:
       every discard, mass-conserving. ``'local'``: only what a worker discarded of its own
       gradient before sending (LRES, as in DGC); mass received and discarded in-procedure
       is lost. ``'none'``: no residual at all.
-    wire: the message format (:class:`~spardl_jax.core.messages.Wire`). ``'exact'``:
-      int32 offsets and values in the gradient's dtype. ``'compact'``: 16-bit offsets
-      (plus a count per 65,536 offsets of a block) and bfloat16 values, about half the
-      bytes of ``'exact'`` for float32 gradients; each sender keeps the rounding error of
-      the values it sends in its residual, so no gradient mass is lost (float16 and
-      bfloat16 values travel unchanged).
+    wire: the message format (:class:`~spardl_jax.core.messages.Wire`). ``'compact'``
+      (default): 16-bit offsets (plus a count per 65,536 offsets of a block) and bfloat16
+      values, about half the bytes of ``'exact'`` for float32 gradients; each sender keeps
+      the rounding error of the values it sends in its residual, so no gradient mass is
+      lost (float16 and bfloat16 values travel unchanged). ``'exact'``: int32 offsets and
+      values in the gradient's dtype, the paper's format.
 
   References:
     Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient
@@ -62,7 +62,7 @@ class SparDLConfig:
   teams: int | Literal["auto"] = 1
   sag: Sag = "auto"
   residuals: Residuals = "global"
-  wire: WireFormat = "exact"
+  wire: WireFormat = "compact"
   alpha: float = ETHERNET_10G["alpha"]
   beta: float = ETHERNET_10G["beta"]
 

@@ -357,7 +357,7 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
 
 def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule = 0.01,
            teams: int | str = 1, sag: Sag = "auto", residuals: Residuals = "global",
-           wire: WireFormat = "exact", alpha: float = ETHERNET_10G["alpha"],
+           wire: WireFormat = "compact", alpha: float = ETHERNET_10G["alpha"],
            beta: float = ETHERNET_10G["beta"],
            warmup_steps: int = 0, momentum: float | None = None, momentum_masking: bool = True,
            clip_norm: float | None = None, axis_size: int | None = None,
@@ -381,8 +381,8 @@ def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule =
       it from the alpha-beta model.
     sag: ``'auto'``, ``'recursive'`` (R-SAG) or ``'bruck'`` (B-SAG) for ``teams > 1``.
     residuals: ``'global'`` (GRES, default), ``'local'`` or ``'none'``.
-    wire: the message format, ``'exact'`` or ``'compact'`` (16-bit offsets and bfloat16
-      values, about half the bytes; the rounding error stays in the residual).
+    wire: the message format, ``'compact'`` (default: 16-bit offsets and bfloat16 values,
+      about half the bytes; the rounding error stays in the residual) or ``'exact'``.
     alpha, beta: latency (s) and seconds per byte of the network, for ``teams='auto'``.
     See :class:`~spardl_jax.SparDLConfig` for details.
     warmup_steps, momentum, momentum_masking, clip_norm: the convergence options of

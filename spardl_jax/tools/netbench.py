@@ -7,7 +7,7 @@ with ``tc qdisc ... tbf rate R`` (what a namespace sends is limited to ``R``), a
 JAX process per namespace (``jax.distributed`` + gloo over those links, one CPU device
 each). In one run it times every method, interleaved (repeat r runs each method once), at
 each rate, feeding each method's state back as training does (after one warm-up step), and
-prints the median wall time per sync, the ratios to SparDL (``spardl``, the exact wire
+prints the median wall time per sync, the ratios to SparDL (``spardl``, the compact wire
 format) and the bytes per device (the busiest device's, from each method's formula, which
 the traffic tests hold to the compiled HLO). The processes
 share this machine's cores, so compute is slower than on separate hosts; the network is the
@@ -29,7 +29,7 @@ import time
 
 BRIDGE = "spdlbr0"
 SUBNET = "10.77.0"
-DEFAULT_METHODS = ["dense", "dense_bf16", "spardl", "spardl:wire=compact", "spardl:teams=2",
+DEFAULT_METHODS = ["dense", "dense_bf16", "spardl", "spardl:wire=exact", "spardl:teams=2",
                    "topka", "topkdsa", "gtopk", "oktopk"]
 
 

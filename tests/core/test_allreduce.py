@@ -1,4 +1,5 @@
-"""SparDL all-reduce (d = 1) against the NumPy model, pmean, and its invariants."""
+"""SparDL all-reduce (d = 1) in the exact wire format against the NumPy model, pmean, and its
+invariants (the compact format, the default, is tested the same way in test_wire.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ def test_matches_numpy_model_and_the_cost_table(p, density):
   conserving mass; and the compiled program's traffic is the cost table's (one
   compilation serves both)."""
   n = 1237 if p != 4 else 5003  # not divisible by p; 5003 also exercises two-stage top-k
-  config = sj.SparDLConfig(density=density)
+  config = sj.SparDLConfig(wire="exact", density=density)
   rng = np.random.default_rng(p * 100 + int(density * 100))
   rs = np.zeros((p, n), np.float32)
   for it in range(3):
@@ -50,7 +51,7 @@ def test_density_one_is_pmean(p):
   rng = np.random.default_rng(p)
   xs = harness.gradients(rng, p, n)
   rs = harness.gradients(rng, p, n) * 0.1
-  ys, new_rs = harness.run(xs, rs, sj.SparDLConfig(density=1.0))
+  ys, new_rs = harness.run(xs, rs, sj.SparDLConfig(wire="exact", density=1.0))
 
   pmean = jax.jit(jax.shard_map(lambda a: jax.lax.pmean(a, harness.AXIS), mesh=harness.mesh(p),
                                 in_specs=P(harness.AXIS), out_specs=P(harness.AXIS)))
@@ -66,7 +67,7 @@ def test_all_zero_and_tied_blocks():
   xs[2, 300:305] = -1.0         # equal magnitudes of both signs
   rs = np.zeros_like(xs)
   rs[:, 450:] = -0.0            # negative zeros
-  config = sj.SparDLConfig(density=0.05)
+  config = sj.SparDLConfig(wire="exact", density=0.05)
   ys, new_rs = harness.run(xs, rs, config)
   want_y, want_rs = reference.spardl(xs, rs, 0.05)
   np.testing.assert_array_equal(ys[0], want_y)
@@ -80,7 +81,7 @@ def test_half_precision_matches_model_in_that_dtype(dtype):
   rng = np.random.default_rng(0)
   xs = harness.gradients(rng, p, n).astype(dtype)
   rs = (harness.gradients(rng, p, n) * 0.1).astype(dtype)
-  config = sj.SparDLConfig(density=0.1)
+  config = sj.SparDLConfig(wire="exact", density=0.1)
   ys, new_rs = harness.run(xs, rs, config)
   assert ys.dtype == dtype and new_rs.dtype == dtype
   np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
@@ -93,7 +94,7 @@ def test_half_precision_matches_model_in_that_dtype(dtype):
 
 def test_works_under_jit_with_replicated_input_and_init_state():
   p, n = 4, 300
-  config = sj.SparDLConfig(density=0.1)
+  config = sj.SparDLConfig(wire="exact", density=0.1)
   mesh = harness.mesh(p)
 
   def step(x):  # x comes in replicated: the same gradient on every device
@@ -111,7 +112,7 @@ def test_works_under_jit_with_replicated_input_and_init_state():
 
 def test_replicated_output_with_check_vma_false():
   p, n = 5, 400
-  config = sj.SparDLConfig(density=0.05)
+  config = sj.SparDLConfig(wire="exact", density=0.05)
 
   def step(x, r):
     state = sj.init_state(n, config)._replace(residual=r[0])
@@ -133,7 +134,7 @@ def test_replicated_output_with_check_vma_false():
 def test_residual_modes_match_numpy_model(p, residuals):
   """The ablation modes: LRES keeps only own unselected gradient, 'none' keeps nothing."""
   n, density = 1237, 0.05
-  config = sj.SparDLConfig(density=density, residuals=residuals)
+  config = sj.SparDLConfig(wire="exact", density=density, residuals=residuals)
   rng = np.random.default_rng(p)
   rs = np.zeros((p, n), np.float32)
   for _ in range(2):
@@ -149,7 +150,7 @@ def test_three_syncs_in_a_scan_equal_three_calls():
   """The state contract: the state coming out has the structure of the one going in, so it
   is a lax.scan carry; B-SAG (teams=3) makes the controller part of the carry."""
   p, n, steps = 6, 61, 3  # kb = 2: a ladder of two B-SAG branches, quick to compile
-  config = sj.SparDLConfig(density=0.05, teams=3, sag="bruck")
+  config = sj.SparDLConfig(wire="exact", density=0.05, teams=3, sag="bruck")
   rng = np.random.default_rng(7)
   xs = np.stack([harness.gradients(rng, p, n) for _ in range(steps)])  # (steps, P, n)
 

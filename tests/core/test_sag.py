@@ -17,7 +17,7 @@ DENSITY = 0.05
 
 def run_steps(p, d, sag, n, steps, seed=0):
   """Yields (xs, rs, ys, state) for `steps` syncs with the state fed back."""
-  config = sj.SparDLConfig(density=DENSITY, teams=d, sag=sag)
+  config = sj.SparDLConfig(wire="exact", density=DENSITY, teams=d, sag=sag)
   rng = np.random.default_rng(seed)
   state = harness.rows(p, n, config)
   for it in range(steps):
@@ -29,7 +29,7 @@ def run_steps(p, d, sag, n, steps, seed=0):
 
 def assert_traffic(p, d, n, sag, h=None):
   """HLO rounds and bytes (of the branch with message size h) equal the cost table's."""
-  config = sj.SparDLConfig(density=DENSITY, teams=d, sag=sag)
+  config = sj.SparDLConfig(wire="exact", density=DENSITY, teams=d, sag=sag)
   hlo = harness.traffic(p, n, config)
   want = formulas.spardl(p, n, DENSITY, teams=d, sag=sag, h=h)
   if sag == "bruck":
@@ -99,7 +99,7 @@ def test_h_adapts_without_recompiling_and_the_count_settles_near_kb():
   noise): h moves, the jit cache stays at one entry, and over the last 50 steps the distinct
   count after the cross-team gather stays within 15 % of kb."""
   p, d, n = 6, 3, 6000
-  config = sj.SparDLConfig(density=DENSITY, teams=d, sag="bruck")
+  config = sj.SparDLConfig(wire="exact", density=DENSITY, teams=d, sag="bruck")
   kb = sj.BlockLayout.make(n, p // d, DENSITY).kb
   rng = np.random.default_rng(0)
   phase = rng.uniform(0, 2 * np.pi, n)
@@ -169,7 +169,7 @@ def test_teams_auto_picks_the_modeled_best():
              for d in range(1, p + 1) if p % d == 0}
     assert times[best] == min(times.values())
   # The config resolves it at trace time and the result is still exact.
-  config = sj.SparDLConfig(density=0.2, teams="auto", alpha=1.0, beta=1e-12)
+  config = sj.SparDLConfig(wire="exact", density=0.2, teams="auto", alpha=1.0, beta=1e-12)
   p, n = 8, 64
   d, kind = allreduce.resolve_teams(config, p, n, 4)
   assert (d, kind) == (8, "recursive")

@@ -55,7 +55,7 @@ def model(grads_per_step, *, p, density, warmup=0, momentum=None, masking=True, 
       rs = np.zeros_like(rs)
     else:
       d = [d for s, d in schedule if s <= step][-1]
-      y, rs = reference.spardl(g, rs, d)
+      y, rs = reference.spardl(g, rs, d, wire="compact")  # the default format
       if momentum is not None and masking:
         u = np.where(y[None] != 0, 0, u).astype(np.float32)
     yield y, rs, (u if momentum is not None else None), g
@@ -95,7 +95,8 @@ def test_density_one_momentum_correction_is_momentum_sgd():
   the mean gradient (the momentum moved before the sync, where it is linear)."""
   p, lr, m = 4, 0.1, 0.9
   grads = rows(np.random.default_rng(3), p, 4)
-  tx = optax.chain(sj.spardl(density=1.0, momentum=m, momentum_masking=False), optax.sgd(lr))
+  tx = optax.chain(sj.spardl(density=1.0, wire="exact", momentum=m, momentum_masking=False),
+                   optax.sgd(lr))
   velocity = np.zeros(N)
   for (y, rs, _, _), g in zip(run(tx, grads, p), grads):
     velocity = m * velocity + g.astype(np.float64).mean(0)
@@ -107,7 +108,7 @@ def test_density_one_with_masking_is_plain_sgd():
   """Masking zeroes the velocity wherever the result is nonzero: at density 1, everywhere."""
   p = 4
   grads = rows(np.random.default_rng(4), p, 3)
-  for (y, _, u, _), g in zip(run(sj.spardl(density=1.0, momentum=0.9), grads, p), grads):
+  for (y, _, u, _), g in zip(run(sj.spardl(density=1.0, wire="exact", momentum=0.9), grads, p), grads):
     np.testing.assert_allclose(y, g.astype(np.float64).mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(u, 0)
 
@@ -150,7 +151,8 @@ def test_levels_compile_once_and_count_their_bytes():
   f = update_fn(tx, p, params)
   grads = rows(np.random.default_rng(0), p, 6)
   want = [(1.0, formulas.dense(p, N)["bytes"])] * 2 + [
-      (d, formulas.spardl(p, N, d)["bytes"]) for d in (0.0625, 0.01, 0.01, 0.01)]
+      (d, formulas.spardl(p, N, d, wire="compact")["bytes"])
+      for d in (0.0625, 0.01, 0.01, 0.01)]
   for g, (density, nbytes) in zip(grads, want):
     _, state = f(put_rows(p, {"w": jnp.asarray(g)}), state)
     np.testing.assert_allclose(state.stats.density, density)

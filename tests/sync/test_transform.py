@@ -61,7 +61,7 @@ def test_matches_numpy_model_on_flattened_leaves(p):
   rs = np.zeros_like(flat)
   for _ in range(2):  # Same gradients twice: the second step adds the residuals.
     updates, state = f(put_rows(p, grads), state)
-    y, new_rs = reference.spardl(flat, rs, 0.1)
+    y, new_rs = reference.spardl(flat, rs, 0.1, wire="compact")  # the default format
     np.testing.assert_allclose(np.asarray(updates["a"]).reshape(-1), y[:35], rtol=1e-6,
                                atol=1e-7)
     np.testing.assert_allclose(np.asarray(updates["b"], np.float32),
@@ -76,7 +76,7 @@ def test_matches_numpy_model_on_flattened_leaves(p):
 def test_density_one_is_pmean_and_stats():
   p = 4
   params = {"w": jnp.zeros((40, 30)), "v": jnp.zeros((17,))}
-  tx = sj.spardl(density=1.0)
+  tx = sj.spardl(density=1.0, wire="exact")  # exact: it must equal pmean
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   grads = local_grads(np.random.default_rng(0), p, params)
   updates, state = update_fn(tx, p, params)(put_rows(p, grads), state)
