@@ -375,7 +375,8 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
     clock += time.perf_counter() - epoch_start - (loop.compile_seconds - compiled_before)
     sent += float(epoch_metrics[:, 2].sum())
     test_loss, test_metric = evaluate_model(evaluate, state, ds, mesh, cfg)
-    history.append({"epoch": epoch, "steps": epoch * steps, "train_loss": float(epoch_metrics[:, 0].mean()),
+    history.append({"epoch": epoch, "steps": epoch * steps,
+                    "train_loss": float(epoch_metrics[:, 0].mean()),
                     f"train_{ds.metric}": float(epoch_metrics[:, 1].mean()),
                     "test_loss": float(test_loss), f"test_{ds.metric}": float(test_metric),
                     "bytes_sent": sent, "train_seconds": clock,

@@ -240,7 +240,8 @@ def block_frame(n: int, config: SparDLConfig, *, p: int, itemsize: int,
   chunk = topk.chunk_size(layout.m, layout.kb)
   index = jax.lax.axis_index(axis_name).astype(jnp.int32)
   return BlockFrame(layout=layout, d=d, kind=kind, chunk=chunk,
-                    wire=cost.wire_format(config.wire, layout), mc=-(-layout.m // chunk) * chunk, rank=index % layout.q,
+                    wire=cost.wire_format(config.wire, layout),
+                    mc=-(-layout.m // chunk) * chunk, rank=index % layout.q,
                     team=index // layout.q)
 
 

@@ -108,7 +108,8 @@ def test_density_one_with_masking_is_plain_sgd():
   """Masking zeroes the velocity wherever the result is nonzero: at density 1, everywhere."""
   p = 4
   grads = rows(np.random.default_rng(4), p, 3)
-  for (y, _, u, _), g in zip(run(sj.spardl(density=1.0, wire="exact", momentum=0.9), grads, p), grads):
+  tx = sj.spardl(density=1.0, wire="exact", momentum=0.9)
+  for (y, _, u, _), g in zip(run(tx, grads, p), grads):
     np.testing.assert_allclose(y, g.astype(np.float64).mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(u, 0)
 
