@@ -48,15 +48,23 @@ def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Seq
     ``(size,)`` the residual, same dtype as ``buf``.
   """
   size = buf.shape[0]
+  if in_result is None:
+    zero = selected
+  else:
+    zero = jnp.where(in_result.at[selected].get(mode="fill", fill_value=False), selected, size)
+  error = sent_error(buf.at[zero].get(mode="fill", fill_value=0))
+  kept = 0 if error is None else error
   res = buf
+  if in_result is not None:
+    # Under GRES no receipt is undone at a result index, so what stays of the selected
+    # result entries is written first, read and written in place: reading `buf` after the
+    # undo writes would make XLA copy the whole buffer.
+    res = res.at[zero].set(kept, mode="drop")
   for receipt in reversed(receipts):
     # Indices of the result keep the received mass (it is this worker's xi there).
     drop = (receipt.positions if in_result is None else
             jnp.where(in_result[receipt.positions], size, receipt.positions))
     res = res.at[drop].set(receipt.before, mode="drop")
   if in_result is None:
-    zero = selected
-  else:
-    zero = jnp.where(in_result.at[selected].get(mode="fill", fill_value=False), selected, size)
-  error = sent_error(buf.at[zero].get(mode="fill", fill_value=0))
-  return res.at[zero].set(0 if error is None else error, mode="drop")
+    res = res.at[zero].set(kept, mode="drop")
+  return res

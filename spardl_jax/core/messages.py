@@ -135,7 +135,10 @@ class Wire:
     stop = 2 * kb + segs * count_dtype(self.kb).itemsize // 2
     counts = _from_words(message[:, 2 * kb:stop], count_dtype(self.kb)).astype(jnp.int32)
     slots = jnp.arange(kb, dtype=jnp.int32)
-    segment = jax.vmap(lambda c: jnp.searchsorted(c, slots, side="right"))(counts)
+    # Few segments: comparing every slot with every count beats a binary search's loop.
+    method = "compare_all" if segs <= 64 else "scan_unrolled"
+    segment = jax.vmap(lambda c: jnp.searchsorted(c, slots, side="right", method=method))(
+        counts)
     offsets = jnp.where(segment < segs,
                         segment * SEGMENT + message[:, :kb].astype(jnp.int32), _INVALID)
     values = _from_words(message[:, kb:2 * kb], self.value_dtype(dtype)).astype(dtype)
