@@ -4,7 +4,7 @@ Usage::
 
   sudo python -m train.time_to_accuracy --out docs/network                  # the benchmark
   python -m train.time_to_accuracy --local --processes 2 --methods dense,spardl \\
-      --epochs 1 --steps-per-epoch 2 --out /tmp/tta                          # a smoke run
+      --model-size tiny --epochs 2 --steps-per-epoch 2 --out /tmp/tta        # a smoke run
 
 For each rate (``tc`` rates such as ``100mbit``, or ``unshaped``) one job of ``--processes``
 JAX processes, one per network namespace (:func:`spardl_jax.netbench.network`: veth links on
@@ -53,6 +53,8 @@ def _parse_args(argv):
   p.add_argument("--methods", default=DEFAULT_METHODS,
                  help="comma list of method specs as for python -m train --compare; dense "
                       "must be one (it sets the target)")
+  p.add_argument("--model-size", default="full", choices=["full", "tiny"],
+                 help="tiny: the same MLP at 3,466 parameters, for smoke runs")
   p.add_argument("--epochs", type=int, default=12)
   p.add_argument("--steps-per-epoch", type=int, default=None,
                  help="steps between evaluations (default: a whole epoch, 22 steps)")
@@ -84,7 +86,8 @@ def _parse_args(argv):
 
 def train_command(args, out: str) -> list[str]:
   """The trainer's command line for one rate's job (every method in turn)."""
-  cmd = [sys.executable, "-m", "train", "--model", CASE["model"], "--dataset",
+  cmd = [sys.executable, "-m", "train", "--model", CASE["model"], "--model-size",
+         args.model_size, "--dataset",
          CASE["dataset"], "--batch-size", str(CASE["batch_size"]), "--lr", str(CASE["lr"]),
          "--compare", ",".join(args.methods), "--devices", str(args.processes), "--epochs",
          str(args.epochs), "--seed", str(args.seed), "--no-progress", "--out", out]
@@ -116,7 +119,7 @@ def run_rates(args) -> None:
       job(rate, host=f"{netbench.SUBNET}.1", prefix=netbench.in_namespace(namespaces))
 
 
-def rounds_per_step(specs: list[str], p: int) -> dict[str, int]:
+def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, int]:
   """Each method's rounds per sync of the case's gradient (the sparse level's formula)."""
   import jax
 
@@ -126,7 +129,7 @@ def rounds_per_step(specs: list[str], p: int) -> dict[str, int]:
   from train.config import parse_variant
 
   shapes = [leaf.shape for leaf in jax.tree.leaves(abstract_params(
-      create(CASE["model"], num_classes=10), MODELS[CASE["model"]].example))]
+      create(CASE["model"], size, num_classes=10), MODELS[CASE["model"]].example))]
   n = sum(math.prod(s) for s in shapes)
   rounds = {}
   for spec in specs:
@@ -140,7 +143,7 @@ def rounds_per_step(specs: list[str], p: int) -> dict[str, int]:
 
 def summarize(args) -> list[dict]:
   """One row per (rate, method) from the runs under ``args.out``."""
-  rounds = rounds_per_step(args.methods, args.processes)
+  rounds = rounds_per_step(args.methods, args.processes, args.model_size)
   rows = []
   for rate in args.rates:
     with open(os.path.join(args.out, rate, "metrics.json")) as f:
