@@ -107,7 +107,7 @@ def bruck_sag(offsets: jax.Array, values: jax.Array, level: jax.Array, *,
   def branch(h):
     def gather(offsets, values):
       offsets, values = offsets[:h], values[:h]
-      if wire.compact:  # its offsets travel as ascending deltas; the sum ignores the order
+      if wire.compact:  # compact blocks need ascending offsets; the sum ignores the order
         offsets, values = jax.lax.sort((offsets, values), num_keys=1)
       message = wire.pack(offsets[None], values[None])
       rows = bruck.bruck_allgather(

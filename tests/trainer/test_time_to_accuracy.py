@@ -12,7 +12,7 @@ from train import time_to_accuracy
 def test_smoke_run_reports_every_method(tmp_path, capsys):
   code = time_to_accuracy.main([
       "--local", "--processes", "2", "--rates", "unshaped", "--methods", "dense,spardl",
-      "--model-size", "tiny", "--epochs", "2", "--steps-per-epoch", "2", "--target", "0.1",
+      "--model-size", "tiny", "--epochs", "2", "--steps-per-epoch", "2", "--targets", "0.1",
       "--out", str(tmp_path)])
   assert code == 0
   rows = json.loads((tmp_path / "results.json").read_text())["rows"]
@@ -26,6 +26,7 @@ def test_smoke_run_reports_every_method(tmp_path, capsys):
   assert spardl["bytes_per_device"] < dense["bytes_per_device"]
   assert (tmp_path / "time_to_accuracy.png").stat().st_size > 0
   assert "| unshaped | dense |" in capsys.readouterr().out
+  assert all(r["fraction"] == 0.1 for r in rows)
 
 
 def test_bad_flags_are_named():
@@ -33,3 +34,5 @@ def test_bad_flags_are_named():
     time_to_accuracy.main(["--local", "--rates", "100mbit"])  # --local cannot shape
   with pytest.raises(SystemExit):
     time_to_accuracy.main(["--methods", "spardl"])  # dense sets the target
+  with pytest.raises(SystemExit):
+    time_to_accuracy.main(["--targets", "0.9,1.5"])
