@@ -117,7 +117,9 @@ class Wire:
     if not self.compact:
       return pack(offsets, values, extra)
     bounds = jnp.arange(1, segments(self.span) + 1, dtype=jnp.int32) * SEGMENT
-    counts = jax.vmap(lambda row: jnp.searchsorted(row, bounds))(offsets)
+    # A binary search's loop only pays for long blocks; comparing all pairs compiles faster.
+    method = "compare_all" if offsets.shape[1] * bounds.shape[0] <= 1 << 16 else "scan"
+    counts = jax.vmap(lambda row: jnp.searchsorted(row, bounds, method=method))(offsets)
     parts = [(offsets & (SEGMENT - 1)).astype(jnp.uint16),
              _to_words(values.astype(self.value_dtype(values.dtype)), jnp.uint16),
              _to_words(counts.astype(count_dtype(self.kb)), jnp.uint16)]

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 _MIN_CHUNK = 4
 _KEY_BITS = 31  # non-negative float32 keys fit in 31 bits
 _GROUP = 8  # entries per group of the compaction's counts
+_COMPARE_ALL = 1 << 16  # slots x groups up to which the compaction compares all pairs
 
 
 def chunk_size(m: int, kb: int) -> int:
@@ -78,7 +79,10 @@ def _compact(take: jax.Array, k: int) -> jax.Array:
   groups = jnp.pad(take, ((0, 0), (0, -n % _GROUP))).reshape(rows, -1, _GROUP)
   ends = jnp.cumsum(jnp.sum(groups, axis=2, dtype=jnp.int32), axis=1)  # (L, N / 8)
   slots = jnp.arange(k, dtype=jnp.int32)
-  group = jax.vmap(lambda e: jnp.searchsorted(e, slots, side="right"))(ends)  # (L, k)
+  # Comparing every slot with every group end compiles faster than a binary search's loop
+  # and is cheap while the two are small.
+  method = "compare_all" if k * ends.shape[1] <= _COMPARE_ALL else "scan"
+  group = jax.vmap(lambda e: jnp.searchsorted(e, slots, side="right", method=method))(ends)
   start = jnp.where(group > 0, jnp.take_along_axis(ends, jnp.maximum(group - 1, 0), axis=1),
                     0)
   window = jnp.take_along_axis(groups, group[:, :, None], axis=1)  # (L, k, 8)
