@@ -28,7 +28,7 @@ import jax.numpy as jnp
 _MIN_CHUNK = 4
 _KEY_BITS = 31  # non-negative float32 keys fit in 31 bits
 _GROUP = 8  # entries per group of the compaction's counts
-_COMPARE_ALL = 1 << 16  # slots x groups up to which the compaction compares all pairs
+_GROUPED_FROM = 1 << 14  # keys per row from which the grouped compaction pays
 
 
 def chunk_size(m: int, kb: int) -> int:
@@ -70,19 +70,23 @@ def kth_largest(k_: jax.Array, k: int) -> jax.Array:
 def _compact(take: jax.Array, k: int) -> jax.Array:
   """Positions of the ``k`` True entries of each row of ``take`` ``(L, N)``, ascending.
 
-  A prefix sum over ``N`` and a scatter of ``N`` entries cost more on XLA:CPU than the
-  selection itself (the prefix sum is a log-depth scan). Instead: counts per group of
+  For long rows a prefix sum over ``N`` and a scatter of ``N`` entries cost more on XLA:CPU
+  than the selection itself (the prefix sum is a log-depth scan). There: counts per group of
   :data:`_GROUP` entries, a prefix sum over the ``N / 8`` groups, a binary search for the
-  group of each output slot, and a count inside that group (``docs/performance.md``).
+  group of each output slot, and a count inside that group (``docs/performance.md``). Short
+  rows keep the prefix sum, which compiles to fewer ops.
   """
   rows, n = take.shape
+  if n < _GROUPED_FROM:  # few keys: one prefix sum and scatter, fewer ops to compile
+    slot = jnp.where(take, jnp.cumsum(take, axis=1, dtype=jnp.int32) - 1, k)
+    flat = (slot + jnp.arange(rows, dtype=jnp.int32)[:, None] * (k + 1)).reshape(-1)
+    source = jnp.tile(jnp.arange(n, dtype=jnp.int32), rows)
+    out = jnp.zeros((rows * (k + 1),), jnp.int32).at[flat].set(source, mode="drop")
+    return out.reshape(rows, k + 1)[:, :k]
   groups = jnp.pad(take, ((0, 0), (0, -n % _GROUP))).reshape(rows, -1, _GROUP)
   ends = jnp.cumsum(jnp.sum(groups, axis=2, dtype=jnp.int32), axis=1)  # (L, N / 8)
   slots = jnp.arange(k, dtype=jnp.int32)
-  # Comparing every slot with every group end compiles faster than a binary search's loop
-  # and is cheap while the two are small.
-  method = "compare_all" if k * ends.shape[1] <= _COMPARE_ALL else "scan"
-  group = jax.vmap(lambda e: jnp.searchsorted(e, slots, side="right", method=method))(ends)
+  group = jax.vmap(lambda e: jnp.searchsorted(e, slots, side="right"))(ends)  # (L, k)
   start = jnp.where(group > 0, jnp.take_along_axis(ends, jnp.maximum(group - 1, 0), axis=1),
                     0)
   window = jnp.take_along_axis(groups, group[:, :, None], axis=1)  # (L, k, 8)

@@ -13,7 +13,9 @@ from spardl_jax.core import topk
 from tests import reference
 
 
-@pytest.mark.parametrize("m,kb", [(1, 1), (7, 7), (100, 1), (1000, 10), (4096, 41), (5000, 3)])
+# (300000, 3000): both stages see over 2**14 keys, the grouped compaction's path.
+@pytest.mark.parametrize("m,kb", [(1, 1), (7, 7), (100, 1), (1000, 10), (4096, 41), (5000, 3),
+                                  (300_000, 3000)])
 def test_block_topk_matches_stable_argsort(m, kb):
   rng = np.random.default_rng(m + kb)
   c = topk.chunk_size(m, kb)
