@@ -113,33 +113,19 @@ def _split_table(g, selected, boundaries, p: int, c: int):
   ``c`` of a region); and the ``(n,)`` mask of entries placed.
 
   The published algorithm's cost is one pass over ``n`` plus work in ``k``; so is this one's.
-  Over ``n``: one count of the selected entries per block of 32. Then the slot ``s`` of
-  region ``j`` holds the ``t``-th selected entry (``t`` = entries selected before the region
-  + ``s`` + 1): a binary search among the block counts finds its block, and a prefix count
-  inside that one block (a 32 x 32 triangular product) its lane. No prefix sum, boundary
-  search or scatter runs over ``n`` (those made this 4x slower at n = 14.7M,
-  docs/benchmark.md).
+  Over ``n``: one count of the selected entries per block of 32
+  (:class:`~spardl_jax.core.topk.GroupCounts`, shared with the selection's compaction). Slot
+  ``s`` of region ``j`` holds the selected entry with (selected before the region + ``s``)
+  selected entries before it, found by a binary search among the block counts and a count
+  inside its block. No prefix sum, boundary search or scatter runs over ``n`` (those made
+  this 4x slower at n = 14.7M, docs/benchmark.md).
   """
   n = g.shape[0]
-  blocks = -(-n // _BLOCK)
-  rows = jnp.pad(selected, (0, blocks * _BLOCK - n)).reshape(blocks, _BLOCK)
-  per_block = jnp.sum(rows, axis=1, dtype=jnp.int32)
-  block_end = jnp.cumsum(per_block, dtype=jnp.int32)  # selected up to each block's end
-  block_start = block_end - per_block
-  lanes = jnp.arange(_BLOCK, dtype=jnp.int32)
-  at = jnp.minimum(boundaries // _BLOCK, blocks - 1)
-  within = jnp.sum(rows[at] & (lanes[None] < (boundaries - at * _BLOCK)[:, None]), axis=1,
-                   dtype=jnp.int32)
-  start = jnp.where(boundaries >= n, block_end[-1], block_start[at] + within)  # (P + 1,)
-  target = start[:-1, None] + jnp.arange(1, c + 1, dtype=jnp.int32)[None]
-  valid = target <= start[1:, None]
-  t = target.reshape(-1)
-  block = jnp.minimum(jnp.searchsorted(block_end, t, side="left"), blocks - 1)
-  # Inclusive prefix counts inside each target's block, exact in float32 (at most 32).
-  counts = rows[block].astype(jnp.float32) @ (lanes[:, None] <= lanes[None, :]).astype(
-      jnp.float32)
-  lane = jnp.argmax(counts >= (t - block_start[block]).astype(jnp.float32)[:, None], axis=1)
-  index = (block * _BLOCK + lane).reshape(p, c)
+  counts = topk.GroupCounts.of(selected, _BLOCK)
+  start = counts.before(boundaries)  # (P + 1,) selected entries before each boundary
+  target = start[:-1, None] + jnp.arange(c, dtype=jnp.int32)[None]  # ranks, 0-based
+  valid = target < start[1:, None]
+  index = counts.nth(target.reshape(-1)).reshape(p, c)
   offsets = jnp.where(valid, index, INVALID)
   values = jnp.where(valid, g[jnp.where(valid, index, 0)], 0)
   placed = jnp.zeros((n,), jnp.bool_).at[offsets.reshape(-1)].set(True, mode="drop")

@@ -20,6 +20,7 @@ entries keeping 1 %, 21 ms keeping 100). SparDL needs neither sorted output nor 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -83,15 +84,55 @@ def _compact(take: jax.Array, k: int) -> jax.Array:
     source = jnp.tile(jnp.arange(n, dtype=jnp.int32), rows)
     out = jnp.zeros((rows * (k + 1),), jnp.int32).at[flat].set(source, mode="drop")
     return out.reshape(rows, k + 1)[:, :k]
-  groups = jnp.pad(take, ((0, 0), (0, -n % _GROUP))).reshape(rows, -1, _GROUP)
-  ends = jnp.cumsum(jnp.sum(groups, axis=2, dtype=jnp.int32), axis=1)  # (L, N / 8)
   slots = jnp.arange(k, dtype=jnp.int32)
-  group = jax.vmap(lambda e: jnp.searchsorted(e, slots, side="right"))(ends)  # (L, k)
-  start = jnp.where(group > 0, jnp.take_along_axis(ends, jnp.maximum(group - 1, 0), axis=1),
-                    0)
-  window = jnp.take_along_axis(groups, group[:, :, None], axis=1)  # (L, k, 8)
-  before = jnp.cumsum(window, axis=2, dtype=jnp.int32) <= (slots - start)[:, :, None]
-  return group * _GROUP + jnp.sum(before, axis=2, dtype=jnp.int32)
+  return jax.vmap(lambda row: GroupCounts.of(row, _GROUP).nth(slots))(take)
+
+
+class GroupCounts(NamedTuple):
+  """The True entries of a bool vector ``(N,)`` counted per group of ``width``: rank queries
+  cost one pass over the vector plus work per query, with no prefix sum over ``N`` (a
+  log-depth scan on XLA:CPU). Serves the selection's compaction and Ok-Topk's split tables.
+
+  Attributes:
+    groups: ``(G, width)`` the vector, zero-padded to ``G * width``.
+    ends: ``(G,)`` int32 True entries up to the end of each group.
+  """
+
+  groups: jax.Array
+  ends: jax.Array
+
+  @classmethod
+  def of(cls, take: jax.Array, width: int) -> "GroupCounts":
+    groups = jnp.pad(take, (0, -take.shape[0] % width)).reshape(-1, width)
+    return cls(groups, jnp.cumsum(jnp.sum(groups, axis=1, dtype=jnp.int32), dtype=jnp.int32))
+
+  def _group(self, at: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The ``(R, width)`` groups ``at`` and the True entries before each."""
+    window = self.groups[at]
+    return window, self.ends[at] - jnp.sum(window, axis=1, dtype=jnp.int32)
+
+  def before(self, positions: jax.Array) -> jax.Array:
+    """``(R,)`` int32: True entries at indices below each of ``positions`` (in ``[0, N]``)."""
+    width = self.groups.shape[1]
+    at = jnp.minimum(positions // width, self.groups.shape[0] - 1)
+    window, start = self._group(at)
+    lanes = jnp.arange(width, dtype=jnp.int32)
+    return start + jnp.sum(window & (lanes[None] < (positions - at * width)[:, None]), axis=1,
+                           dtype=jnp.int32)
+
+  def nth(self, ranks: jax.Array) -> jax.Array:
+    """``(R,)`` int32 index of the True entry with ``ranks`` True entries before it (ranks
+    at or past the total give an arbitrary index: mask them)."""
+    width = self.groups.shape[1]
+    at = jnp.minimum(jnp.searchsorted(self.ends, ranks, side="right"),
+                     self.groups.shape[0] - 1)
+    window, start = self._group(at)
+    # Inclusive counts inside each group by a triangular product (exact in float32 for any
+    # width below 2**24), faster on XLA:CPU than a scan along the group for many queries.
+    lanes = jnp.arange(width, dtype=jnp.int32)
+    upto = window.astype(jnp.float32) @ (lanes[:, None] <= lanes[None, :]).astype(jnp.float32)
+    passed = upto <= (ranks - start).astype(jnp.float32)[:, None]
+    return at * width + jnp.sum(passed, axis=1, dtype=jnp.int32)
 
 
 def select(k_: jax.Array, k: int) -> jax.Array:
