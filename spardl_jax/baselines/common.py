@@ -1,5 +1,5 @@
 """What the baseline all-reduces share: a residual-only state, whole-vector top-k, a
-whole-axis all-gather, the direct split exchange and its (P, c) tables, and input checks.
+whole-axis all-gather, the direct split exchange of (P, c) tables, and input checks.
 
 Built on SparDL's sparse maths (:mod:`spardl_jax.core.sparse`); SparDL itself uses none of
 this module.
@@ -16,7 +16,7 @@ import numpy as np
 
 from spardl_jax.core import bruck, messages, schedule, topk
 from spardl_jax.core.allreduce import check_dtype
-from spardl_jax.core.sparse import INVALID, in_worker_order
+from spardl_jax.core.sparse import in_worker_order
 
 
 def topk_count(density: float, n: int) -> int:
@@ -106,15 +106,6 @@ def check_local(who: str, x: jax.Array, residual: jax.Array) -> None:
   if residual.shape != x.shape or residual.dtype != x.dtype:
     raise ValueError(f"{who}: the residual is {residual.dtype}{list(residual.shape)} but x is "
                      f"{x.dtype}{list(x.shape)}; initialize the state for this gradient.")
-
-
-def scatter_table(slot: jax.Array, offsets: jax.Array, values: jax.Array, *, p: int, c: int
-                  ) -> tuple[jax.Array, jax.Array]:
-  """``(P, c)`` offset and value tables with entry ``i`` at flat slot ``slot[i]`` (slots
-  ``>= P c`` are dropped; unfilled slots are empty: :data:`INVALID` and 0)."""
-  table_off = jnp.full((p * c,), INVALID, jnp.int32).at[slot].set(offsets, mode="drop")
-  table_val = jnp.zeros((p * c,), values.dtype).at[slot].set(values, mode="drop")
-  return table_off.reshape(p, c), table_val.reshape(p, c)
 
 
 def exchange(table_off, table_val, *, p: int, rank, axis_name):

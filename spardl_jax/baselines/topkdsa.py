@@ -29,11 +29,10 @@ import jax
 import jax.numpy as jnp
 
 from spardl_jax.baselines.common import (Baseline, ResidualState, allgather, check_local, densify,
-                                         exchange, local_topk, scatter_table,
-                                         topk_count)
-from spardl_jax.core import messages, protocol
+                                         exchange, local_topk, topk_count)
+from spardl_jax.core import messages, protocol, topk
 from spardl_jax.core.config import DensityConfig, check_positive
-from spardl_jax.core.sparse import INVALID, magnitude_order, sparse_sum
+from spardl_jax.core.sparse import INVALID, sparse_sum
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,19 +69,43 @@ def formula(p: int, n: int, config: TopkDSAConfig, itemsize: int = 4) -> dict:
 def split_by_region(offsets, values, region: int, p: int, c: int):
   """``(P, c)`` tables: row ``j`` holds the (up to) ``c`` largest entries in region ``j``.
 
+  The offsets ascend, so each region's entries are one run of them. A region with at most
+  ``c`` entries sends its run as it is; only when some region holds more does every region
+  pick its top ``c`` by ``|value|`` (ties to the lower offset), in a window over its run.
+  That selection is local, so a per-worker branch is safe. Ordering all ``k`` entries by
+  magnitude instead costs a multi-operand sort, about 30 ms for ``k = 147,000`` on XLA:CPU.
+
+  Args:
+    offsets, values: ``(k,)`` the local top-``k``, offsets ascending.
+
   Returns:
-    ``(table_offsets, table_values, sent)``: ``sent`` ``(k,)`` marks the entries placed.
+    ``(table_offsets, table_values, sent)``: rows ascending, empty slots :data:`INVALID`
+    and 0; ``sent`` ``(k,)`` marks the entries placed.
   """
   k = offsets.shape[0]
-  order = magnitude_order(values)
-  off, val = offsets[order], values[order]
-  owner = off // region
-  rank = jnp.cumsum(jax.nn.one_hot(owner, p, dtype=jnp.int32), axis=0)[jnp.arange(k), owner] - 1
-  placed = rank < c
-  slot = jnp.where(placed, owner * c + rank, p * c)
-  table_off, table_val = scatter_table(slot, off, val, p=p, c=c)
-  return table_off, table_val, jnp.zeros((k,), jnp.bool_).at[order].set(placed)
+  starts = jnp.searchsorted(offsets, jnp.arange(p + 1, dtype=jnp.int32) * region,
+                            method="scan_unrolled")
+  count = starts[1:] - starts[:-1]
+  crowded = count > c
+  slots = jnp.arange(c, dtype=jnp.int32)
 
+  def top_of_each_region():
+    window = jnp.arange(min(k, region), dtype=jnp.int32)
+    at = jnp.minimum(starts[:-1, None] + window, k - 1)
+    # Past a region's run the window holds key 0 at higher positions: never a winner.
+    run_keys = jnp.where(window < count[:, None], topk.keys(values)[at], 0)
+    return jnp.where(crowded[:, None], topk.select(run_keys, c), slots)
+
+  # `+ zeros_like(...)` gives the plain branch the windows' shard_map type (varying).
+  within = jax.lax.cond(jnp.any(crowded), top_of_each_region,
+                        lambda: slots + jnp.zeros_like(starts[:-1, None]))
+  at = starts[:-1, None] + within
+  filled = slots < count[:, None]
+  safe = jnp.minimum(at, k - 1)
+  table_off = jnp.where(filled, offsets[safe], INVALID)
+  table_val = jnp.where(filled, values[safe], jnp.zeros((), values.dtype))
+  sent = jnp.zeros((k,), jnp.bool_).at[jnp.where(filled, at, k)].set(True, mode="drop")
+  return table_off, table_val, sent
 
 
 def topkdsa_allreduce(x: jax.Array, state: ResidualState, config: TopkDSAConfig, *,
@@ -104,15 +127,18 @@ def topkdsa_allreduce(x: jax.Array, state: ResidualState, config: TopkDSAConfig,
   residual = g.at[jnp.where(sent, offsets, INVALID)].set(0, mode="drop")
   rows_off, rows_val = exchange(table_off, table_val, p=p, rank=rank, axis_name=axis_name)
   union = sparse_sum(rows_off, rows_val)
+  # Regions are disjoint, so each entry of y is one of these sums: dividing them here gives
+  # the same bits as dividing y, without a pass over n.
+  mean = union.sums / p
   if dense:
     local = jnp.where(union.offsets == INVALID, INVALID, union.offsets - rank * region)
-    block = jnp.zeros((region,), x.dtype).at[local].set(union.sums, mode="drop")
+    block = jnp.zeros((region,), x.dtype).at[local].set(mean, mode="drop")
     y = allgather(block[None], axis_name).reshape(-1)[:n]
   else:
-    rows = allgather(messages.pack(union.offsets[None], union.sums[None]), axis_name)
+    rows = allgather(messages.pack(union.offsets[None], mean[None]), axis_name)
     all_off, all_val = messages.unpack(rows, p * c, x.dtype)
     y = densify(n, all_off, all_val, x.dtype)
-  return y / p, ResidualState(residual)
+  return y, ResidualState(residual)
 
 
 @protocol.register

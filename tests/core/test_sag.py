@@ -10,6 +10,7 @@ import pytest
 
 import spardl_jax as sj
 from spardl_jax.core import allreduce, cost, h_controller, schedule
+from spardl_jax.core.sparse import INVALID, sorted_sum
 from tests import formulas, harness, reference
 
 DENSITY = 0.05
@@ -177,3 +178,33 @@ def test_teams_auto_picks_the_modeled_best():
   ys, rs = harness.run(xs, np.zeros_like(xs), config)
   want_y, want_rs = reference.spardl(xs, np.zeros_like(xs), 0.2, teams=8, sag="recursive")
   np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
+
+
+def test_sorted_sum_is_the_union_summed_in_row_order():
+  """The merge of two ascending rows (R-SAG's and gTopk's pairwise step) against NumPy:
+  shared, disjoint and identical offsets, empty slots at the end, an empty row."""
+  rng = np.random.default_rng(3)
+  merge = jax.jit(sorted_sum)
+
+  def row(pool, filled, size=20):
+    offsets = np.full(size, INVALID, np.int32)
+    offsets[:filled] = np.sort(rng.choice(pool, filled, replace=False))
+    values = np.zeros(size, np.float32)
+    values[:filled] = rng.standard_normal(filled)
+    return offsets, values
+
+  same = row(40, 20)
+  for first, second in [(row(30, 20), row(30, 20)), (row(1000, 20), row(1000, 13)),
+                        (same, (same[0], -same[1])), (row(50, 0), row(50, 17)),
+                        (row(25, 9), row(25, 0))]:
+    got = merge(*first, *second)
+    offsets = np.union1d(first[0][first[0] != INVALID], second[0][second[0] != INVALID])
+    sums = np.zeros(40, np.float32)
+    for off, val in (first, second):  # in row order, as every worker sums
+      real = off != INVALID
+      sums[np.searchsorted(offsets, off[real])] += val[real]
+    want = np.full(40, INVALID, np.int32)
+    want[:offsets.size] = offsets
+    np.testing.assert_array_equal(np.asarray(got.offsets), want)
+    np.testing.assert_array_equal(np.asarray(got.sums), sums)
+    assert int(got.count) == offsets.size
