@@ -53,6 +53,20 @@ def _stop(procs) -> None:
     deadline = time.monotonic() + wait
     while wait and any(p.poll() is None for p in alive) and time.monotonic() < deadline:
       time.sleep(0.1)
+  for p in procs:  # reap them: no zombie outlives the launcher
+    try:
+      p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+      pass
+
+
+class _Terminated(Exception):
+  """The launcher got SIGTERM."""
+
+
+def _terminate(signum, frame):
+  del frame
+  raise _Terminated(signum)
 
 
 def child_environment() -> dict[str, str]:
@@ -72,6 +86,8 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
   """Runs ``command`` as ``processes`` ranks of one job; returns the job's exit code.
 
   0 when every rank exits 0; otherwise the first failing rank's code (124 on timeout).
+  A SIGTERM to this process (in the main thread) stops every rank, then raises
+  ``SystemExit(143)``: the ranks run in their own sessions, so they would outlive it.
   ``host`` is the coordinator's address (rank 0 must be reachable there); ``prefix(rank)``
   is put before the command of each rank, e.g. ``['ip', 'netns', 'exec', 'ns0']`` to run it
   in a network namespace (:mod:`spardl_jax.netbench`).
@@ -90,19 +106,24 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
   coordinator = f"{host}:{free_port()}"
   env = child_environment()
   procs, threads = [], []
-  for rank in range(processes):
-    child_env = dict(env, **distributed.environment(coordinator, processes, rank,
-                                                     devices_per_process))
-    proc = subprocess.Popen([*(prefix(rank) if prefix else []), *command], env=child_env,
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    procs.append(proc)
-    thread = threading.Thread(target=_stream, args=(rank, proc.stdout, out), daemon=True)
-    thread.start()
-    threads.append(thread)
   deadline = None if timeout is None else time.monotonic() + timeout
   code = 0
+  # The ranks run in their own sessions (a signal to one must not hit the launcher), so a
+  # SIGTERM to the launcher would orphan them: turn it into the cleanup below.
+  handler = None
+  if threading.current_thread() is threading.main_thread():
+    handler = signal.signal(signal.SIGTERM, _terminate)
   try:
+    for rank in range(processes):
+      child_env = dict(env, **distributed.environment(coordinator, processes, rank,
+                                                       devices_per_process))
+      proc = subprocess.Popen([*(prefix(rank) if prefix else []), *command], env=child_env,
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+      procs.append(proc)
+      thread = threading.Thread(target=_stream, args=(rank, proc.stdout, out), daemon=True)
+      thread.start()
+      threads.append(thread)
     while True:
       codes = [p.poll() for p in procs]
       failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
@@ -117,10 +138,17 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
         code = 124
         break
       time.sleep(0.1)
+  except _Terminated:
+    out.write("[launch] terminated; stopping every rank\n")
+    code = None
   finally:
+    if handler is not None:
+      signal.signal(signal.SIGTERM, handler)
     _stop(procs)
     for thread in threads:
       thread.join(timeout=5)
+  if code is None:  # the caller was asked to stop too
+    raise SystemExit(128 + signal.SIGTERM)
   return code
 
 

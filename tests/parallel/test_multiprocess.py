@@ -4,6 +4,7 @@ simulated devices; a dead rank stops the job. Hard timeouts everywhere: nothing 
 import glob
 import io
 import os
+import subprocess
 import sys
 import time
 
@@ -156,3 +157,22 @@ def test_host_teams(processes, local):
   assert sj.distributed.host_teams(devices) == processes
   with pytest.raises(ValueError, match="process order"):
     sj.distributed.host_teams(devices[::-1] if processes > 1 else [Device(1), Device(0)])
+
+
+def test_a_terminated_launcher_stops_its_ranks(tmp_path):
+  """SIGTERM to the launcher (a scheduler's stop, `kill`): its ranks, in their own sessions
+  and deaf to SIGTERM like a JAX process with a preemption notifier, die with it."""
+  pids = tmp_path / "pids"
+  rank = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+          f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(120)")
+  job = subprocess.Popen([sys.executable, "-m", "spardl_jax.launch", "--processes", "2", "--",
+                          sys.executable, "-c", rank], stdout=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 30
+  while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  job.terminate()
+  out, _ = job.communicate(timeout=30)
+  assert job.returncode == 143 and "terminated; stopping every rank" in out
+  for pid in map(int, pids.read_text().split()):
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
