@@ -2,7 +2,8 @@
 
 Usage::
 
-  sudo python -m train.time_to_accuracy --out docs/network                  # the benchmark
+  sudo python -m train.time_to_accuracy --seeds 0,1,2 --out tta_out       # the benchmark
+  python -m train.time_to_accuracy --report --seeds 0,1,2 --out tta_out   # its report again
   python -m train.time_to_accuracy --local --processes 2 --methods dense,spardl \\
       --model-size tiny --epochs 2 --steps-per-epoch 2 --out /tmp/tta        # a smoke run
 
@@ -24,17 +25,21 @@ dense's final test accuracy at the same rate. For each rate and method the repor
 the steps to the target, the final accuracy, the bytes each device sent in total, and the time
 to the target with a modeled latency added: ``tbf`` shapes bandwidth only (and ``netem`` is
 not available here), so each step's rounds (from the method's formula, which the traffic
-tests hold to the compiled HLO) are charged ``--alpha`` seconds each. ``--out`` gets
-``results.json``, ``results.md`` and ``time_to_accuracy.png`` (test accuracy against wall
-time, one panel per rate, one line per method).
+tests hold to the compiled HLO) are charged ``--alpha`` seconds each. Every seed of
+``--seeds`` trains every rate (``--out``/``seed<S>/<rate>/``); the report gives each seed's
+table and, over the seeds, the median time to each target and how often each method got there
+first. ``--out`` gets ``results.json``, ``results.md`` and ``time_to_accuracy.png`` (test
+accuracy against wall time, one panel per rate, one colour per method, one line per seed).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
+import statistics
 import sys
 
 DEFAULT_METHODS = ("dense,dense_bf16,powersgd:rank=4,powersgd:rank=16,spardl,oktopk,gtopk,topka,"
@@ -55,15 +60,16 @@ def _parse_args(argv):
                       "must be one (it sets the target)")
   p.add_argument("--model-size", default="full", choices=["full", "tiny"],
                  help="tiny: the same MLP at 3,466 parameters, for smoke runs")
-  p.add_argument("--epochs", type=int, default=12)
-  p.add_argument("--steps-per-epoch", type=int, default=None,
-                 help="steps between evaluations (default: a whole epoch, 22 steps)")
+  p.add_argument("--epochs", type=int, default=20)
+  p.add_argument("--steps-per-epoch", type=int, default=11,
+                 help="steps between evaluations (default 11, half an epoch of digits; 0: "
+                      "a whole epoch)")
   p.add_argument("--targets", default="0.95,0.98",
                  help="targets as fractions of dense's final test accuracy at the same rate, "
                       "comma separated (default 0.95,0.98)")
   p.add_argument("--alpha", type=float, default=5e-4,
                  help="modeled latency per round in seconds (default 0.5 ms)")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seeds", default="0", help="comma list of seeds (default 0)")
   p.add_argument("--timeout", type=float, default=3600, help="seconds per rate")
   p.add_argument("--local", action="store_true",
                  help="processes on 127.0.0.1: no namespaces, no shaping, no root")
@@ -77,6 +83,12 @@ def _parse_args(argv):
     p.error(f"--methods must include 'dense' (it sets the target), got {args.methods}")
   if args.processes < 1 or args.epochs < 1:
     p.error("--processes and --epochs must be >= 1")
+  if args.steps_per_epoch < 0:
+    p.error(f"--steps-per-epoch must be >= 0 (0: a whole epoch), got {args.steps_per_epoch}")
+  try:
+    args.seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",")))
+  except ValueError:
+    p.error(f"--seeds must be a comma list of integers, got {args.seeds!r}")
   try:
     args.targets = [float(t) for t in args.targets.split(",")]
   except ValueError:
@@ -88,39 +100,47 @@ def _parse_args(argv):
   return args
 
 
-def train_command(args, out: str) -> list[str]:
+def train_command(args, out: str, seed: int) -> list[str]:
   """The trainer's command line for one rate's job (every method in turn)."""
   cmd = [sys.executable, "-m", "train", "--model", CASE["model"], "--model-size",
          args.model_size, "--dataset",
          CASE["dataset"], "--batch-size", str(CASE["batch_size"]), "--lr", str(CASE["lr"]),
          "--compare", ",".join(args.methods), "--devices", str(args.processes), "--epochs",
-         str(args.epochs), "--seed", str(args.seed), "--no-progress", "--out", out]
+         str(args.epochs), "--seed", str(seed), "--no-progress", "--out", out]
   if args.steps_per_epoch:
     cmd += ["--steps-per-epoch", str(args.steps_per_epoch)]
   return cmd
 
 
+def run_dir(args, seed: int, rate: str) -> str:
+  """Where one seed's job at one rate writes its metrics."""
+  return os.path.join(args.out, f"seed{seed}", rate)
+
+
 def run_rates(args) -> None:
-  """Trains every method at every rate; each rate's metrics land in ``out/<rate>/``."""
+  """Trains every method at every rate, for every seed."""
   from spardl_jax.parallel import launch
   from spardl_jax.tools import netbench
 
-  def job(rate, **where):
-    out = os.path.join(args.out, rate)
-    with open(os.path.join(args.out, f"{rate}.log"), "w") as log:
-      code = launch.launch(train_command(args, out), processes=args.processes,
+  def job(seed, rate, **where):
+    out = run_dir(args, seed, rate)
+    os.makedirs(out, exist_ok=True)
+    with open(f"{out}.log", "w") as log:
+      code = launch.launch(train_command(args, out, seed), processes=args.processes,
                            timeout=args.timeout, out=log, **where)
     if code:
-      raise SystemExit(f"the {rate} job failed (exit {code}); see {log.name}")
-    print(f"{rate}: done", file=sys.stderr, flush=True)
+      raise SystemExit(f"the {rate} job of seed {seed} failed (exit {code}); see {log.name}")
+    print(f"seed {seed}, {rate}: done", file=sys.stderr, flush=True)
 
   if args.local:
-    job("unshaped")
+    for seed in args.seeds:
+      job(seed, "unshaped")
     return
   with netbench.network(args.processes) as namespaces:
-    for rate in args.rates:
-      netbench.shape(namespaces, rate)
-      job(rate, host=f"{netbench.SUBNET}.1", prefix=netbench.in_namespace(namespaces))
+    for seed in args.seeds:
+      for rate in args.rates:
+        netbench.shape(namespaces, rate)
+        job(seed, rate, host=f"{netbench.SUBNET}.1", prefix=netbench.in_namespace(namespaces))
 
 
 def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, int]:
@@ -146,19 +166,28 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, int]:
 
 
 def summarize(args) -> list[dict]:
-  """One row per (target, rate, method) from the runs under ``args.out``."""
+  """One row per (seed, target, rate, method) from the runs under ``args.out``; a (seed,
+  rate) without a finished run is left out (a report may cover fewer runs than a seed)."""
   rounds = rounds_per_step(args.methods, args.processes, args.model_size)
+  finished = {}
+  for seed, rate in ((s, r) for s in args.seeds for r in args.rates):
+    path = os.path.join(run_dir(args, seed, rate), "metrics.json")
+    if not os.path.exists(path):
+      print(f"no run for seed {seed} at {rate} ({path}): left out", file=sys.stderr)
+      continue
+    with open(path) as f:
+      finished[seed, rate] = {r["method"]: r for r in json.load(f)["runs"]}
   rows = []
-  for fraction, rate in ((f, r) for f in args.targets for r in args.rates):
-    with open(os.path.join(args.out, rate, "metrics.json")) as f:
-      runs = {r["method"]: r for r in json.load(f)["runs"]}
+  for seed, fraction, rate in ((s, f, r) for s in args.seeds for f in args.targets
+                               for r in args.rates if (s, r) in finished):
+    runs = finished[seed, rate]
     target = fraction * runs["dense"]["history"][-1]["test_accuracy"]
     for spec in args.methods:
       history = runs[spec]["history"]
       hit = next((h for h in history if h["test_accuracy"] >= target), None)
       reached = None if hit is None else hit["steps"]
       rows.append({
-          "fraction": fraction, "rate": rate, "method": spec, "target": target,
+          "seed": seed, "fraction": fraction, "rate": rate, "method": spec, "target": target,
           "seconds_to_target": None if hit is None else hit["train_seconds"],
           "steps_to_target": reached,
           "seconds_with_latency": None if hit is None else (
@@ -172,43 +201,98 @@ def summarize(args) -> list[dict]:
   return rows
 
 
+def over_seeds(rows: list[dict]) -> list[dict]:
+  """Per (target, rate, method): each seed's seconds to the target, their median (a seed
+  that never got there counts as infinitely slow), and in how many seeds it was first."""
+  firsts = collections.Counter()
+  for fraction, rate, seed in dict.fromkeys((r["fraction"], r["rate"], r["seed"]) for r in rows):
+    reached = [r for r in rows if (r["fraction"], r["rate"], r["seed"]) == (fraction, rate, seed)
+               and r["seconds_to_target"] is not None]
+    if reached:
+      firsts[fraction, rate, min(reached, key=lambda r: r["seconds_to_target"])["method"]] += 1
+  summary = []
+  for key in dict.fromkeys((r["fraction"], r["rate"], r["method"]) for r in rows):
+    group = [r for r in rows if (r["fraction"], r["rate"], r["method"]) == key]
+    seconds = [r["seconds_to_target"] for r in group]
+    median = statistics.median(math.inf if t is None else t for t in seconds)
+    steps = statistics.median(math.inf if r["steps_to_target"] is None else r["steps_to_target"]
+                              for r in group)
+    summary.append({
+        "fraction": key[0], "rate": key[1], "method": key[2],
+        "seeds": [r["seed"] for r in group], "seconds_to_target": seconds,
+        "median_seconds": None if math.isinf(median) else median,
+        "median_steps": None if math.isinf(steps) else steps,
+        "first": firsts[key],
+        "mean_final_accuracy": statistics.fmean(r["final_accuracy"] for r in group),
+    })
+  return summary
+
+
+def _seconds(t) -> str:
+  return "not reached" if t is None else f"{t:.1f}"
+
+
 def format_table(rows: list[dict], args) -> str:
+  """The summary over seeds, then each seed's table."""
   lines = [f"{args.processes} processes; latency modeled at {args.alpha * 1e3:g} ms per round; "
-           f"targets are fractions of dense's final test accuracy at the same rate.", "",
-           "| target | rate | method | seconds to target | × fastest | steps to target | + "
-           "modeled latency (s) | final accuracy | MB sent per device | s/step | rounds/step |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-  for fraction, rate in dict.fromkeys((r["fraction"], r["rate"]) for r in rows):
-    group = [r for r in rows if (r["fraction"], r["rate"]) == (fraction, rate)]
-    best = min((r["seconds_to_target"] for r in group if r["seconds_to_target"]),
-               default=None)
-    for r in sorted(group, key=lambda r: (r["seconds_to_target"] is None,
-                                          r["seconds_to_target"] or 0)):
-      t, latency = r["seconds_to_target"], r["seconds_with_latency"]
+           f"targets are fractions of dense's final test accuracy at the same rate and seed.",
+           "", f"Over seeds {', '.join(map(str, dict.fromkeys(r['seed'] for r in rows)))}:",
+           "", "| target | rate | method | seconds to target, per seed | median | × fastest "
+           "median | first in | median steps | mean final accuracy |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|"]
+  summary = over_seeds(rows)
+  for fraction, rate in dict.fromkeys((r["fraction"], r["rate"]) for r in summary):
+    group = [r for r in summary if (r["fraction"], r["rate"]) == (fraction, rate)]
+    best = min((r["median_seconds"] for r in group if r["median_seconds"]), default=None)
+    for r in sorted(group, key=lambda r: r["median_seconds"] or math.inf):
+      t = r["median_seconds"]
       lines.append(
-          f"| {fraction:.0%} ({r['target']:.3f}) | {rate} | {r['method']} | "
-          f"{'not reached' if t is None else f'{t:.1f}'} | "
-          f"{'-' if t is None else f'{t / best:.2f}'} | {r['steps_to_target'] or '-'} | "
-          f"{'-' if t is None else f'{latency:.1f}'} | "
-          f"{r['final_accuracy']:.3f} | {r['bytes_per_device'] / 1e6:,.1f} | "
-          f"{r['seconds_per_step']:.3f} | {r['rounds_per_step']} |")
+          f"| {fraction:.0%} | {rate} | {r['method']} | "
+          f"{', '.join(map(_seconds, r['seconds_to_target']))} | {_seconds(t)} | "
+          f"{'-' if t is None else f'{t / best:.2f}'} | {r['first']} of {len(r['seeds'])} | "
+          f"{'-' if r['median_steps'] is None else format(r['median_steps'], 'g')} | "
+          f"{r['mean_final_accuracy']:.3f} |")
+  for seed in dict.fromkeys(r["seed"] for r in rows):
+    lines += ["", f"Seed {seed}:", "",
+              "| target | rate | method | seconds to target | × fastest | steps to target | + "
+              "modeled latency (s) | final accuracy | MB sent per device | s/step | "
+              "rounds/step |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    mine = [r for r in rows if r["seed"] == seed]
+    for fraction, rate in dict.fromkeys((r["fraction"], r["rate"]) for r in mine):
+      group = [r for r in mine if (r["fraction"], r["rate"]) == (fraction, rate)]
+      best = min((r["seconds_to_target"] for r in group if r["seconds_to_target"]),
+                 default=None)
+      for r in sorted(group, key=lambda r: r["seconds_to_target"] or math.inf):
+        t, latency = r["seconds_to_target"], r["seconds_with_latency"]
+        lines.append(
+            f"| {fraction:.0%} ({r['target']:.3f}) | {rate} | {r['method']} | {_seconds(t)} | "
+            f"{'-' if t is None else f'{t / best:.2f}'} | {r['steps_to_target'] or '-'} | "
+            f"{'-' if t is None else f'{latency:.1f}'} | "
+            f"{r['final_accuracy']:.3f} | {r['bytes_per_device'] / 1e6:,.1f} | "
+            f"{r['seconds_per_step']:.3f} | {r['rounds_per_step']} |")
   return "\n".join(lines)
 
 
 def plot(rows: list[dict], path: str) -> None:
-  """Test accuracy against wall time, one panel per rate, one line per method."""
+  """Test accuracy against wall time, one panel per rate, one colour per method and one line
+  per seed."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   rates = list(dict.fromkeys(r["rate"] for r in rows))
+  colours = dict(zip(dict.fromkeys(r["method"] for r in rows),
+                     plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4))
+  first_seed = rows[0]["seed"]
   fig, axes = plt.subplots(1, len(rates), figsize=(5.5 * len(rates), 4.2), squeeze=False)
   for ax, rate in zip(axes[0], rates):
     here = [r for r in rows if r["rate"] == rate]
     for r in here:
-      if r["fraction"] == here[0]["fraction"]:  # each method's curve once
-        ax.plot(*zip(*r["curve"]), marker=".", label=r["method"])
+      if r["fraction"] == here[0]["fraction"]:  # each run's curve once
+        ax.plot(*zip(*r["curve"]), marker=".", color=colours[r["method"]], alpha=0.8,
+                label=r["method"] if r["seed"] == first_seed else None)
     targets = sorted({r["target"] for r in here})
     for target in targets:
       ax.axhline(target, color="gray", ls=":", lw=1)
@@ -232,12 +316,17 @@ def main(argv=None) -> int:
   if not args.report:
     run_rates(args)
   rows = summarize(args)
+  if not rows:
+    print(f"no finished runs under {args.out} for seeds {args.seeds} at {args.rates}",
+          file=sys.stderr)
+    return 2
   table = format_table(rows, args)
   print(table)
   with open(os.path.join(args.out, "results.md"), "w") as f:
     f.write(table + "\n")
   with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump({"args": {k: v for k, v in vars(args).items()}, "rows": rows}, f, indent=2)
+    json.dump({"args": {k: v for k, v in vars(args).items() if k != "report"}, "rows": rows,
+               "over_seeds": over_seeds(rows)}, f, indent=2)
   plot(rows, os.path.join(args.out, "time_to_accuracy.png"))
   return 0
 
