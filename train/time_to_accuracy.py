@@ -275,29 +275,40 @@ def format_table(rows: list[dict], args) -> str:
 
 
 def plot(rows: list[dict], path: str) -> None:
-  """Test accuracy against wall time, one panel per rate, one colour per method and one line
-  per seed."""
+  """Test accuracy against wall time, one panel per rate and one colour per method: each
+  seed's curve faint, and over several seeds the median curve (median time and accuracy at
+  each evaluation) bold; dotted lines at the median targets."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   rates = list(dict.fromkeys(r["rate"] for r in rows))
-  colours = dict(zip(dict.fromkeys(r["method"] for r in rows),
-                     plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4))
-  first_seed = rows[0]["seed"]
+  methods = list(dict.fromkeys(r["method"] for r in rows))
+  colours = dict(zip(methods, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4))
   fig, axes = plt.subplots(1, len(rates), figsize=(5.5 * len(rates), 4.2), squeeze=False)
   for ax, rate in zip(axes[0], rates):
     here = [r for r in rows if r["rate"] == rate]
-    for r in here:
-      if r["fraction"] == here[0]["fraction"]:  # each run's curve once
-        ax.plot(*zip(*r["curve"]), marker=".", color=colours[r["method"]], alpha=0.8,
-                label=r["method"] if r["seed"] == first_seed else None)
-    targets = sorted({r["target"] for r in here})
-    for target in targets:
-      ax.axhline(target, color="gray", ls=":", lw=1)
-    ax.set(title=rate, xlabel="training wall time (s, log)", ylabel="test accuracy",
-           xscale="log", ylim=(max(0.0, targets[0] - 0.25), 1.0))
+    curves = [r for r in here if r["fraction"] == here[0]["fraction"]]  # each run once
+    for method in methods:
+      runs = [r["curve"] for r in curves if r["method"] == method]
+      for curve in runs:
+        ax.plot(*zip(*curve), color=colours[method], alpha=0.25 if len(runs) > 1 else 0.9,
+                lw=0.8, marker="" if len(runs) > 1 else ".")
+      if len(runs) > 1:
+        points = min(map(len, runs))
+        ax.plot([statistics.median(c[i][0] for c in runs) for i in range(points)],
+                [statistics.median(c[i][1] for c in runs) for i in range(points)],
+                color=colours[method], lw=2, marker=".")
+      ax.plot([], [], color=colours[method], lw=2, label=method)
+    for fraction in dict.fromkeys(r["fraction"] for r in here):
+      ax.axhline(statistics.median(r["target"] for r in here if r["fraction"] == fraction),
+                 color="gray", ls=":", lw=1)
+    seeds = len({r["seed"] for r in curves})
+    low = min(r["target"] for r in here)
+    ax.set(title=f"{rate} ({seeds} seed{'s' if seeds > 1 else ''})",
+           xlabel="training wall time (s, log)", ylabel="test accuracy", xscale="log",
+           ylim=(max(0.0, low - 0.25), 1.0))
     ax.grid(alpha=0.3)
   axes[0][0].legend(fontsize=7)
   fig.tight_layout()

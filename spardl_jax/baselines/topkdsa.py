@@ -83,8 +83,7 @@ def split_by_region(offsets, values, region: int, p: int, c: int):
     and 0; ``sent`` ``(k,)`` marks the entries placed.
   """
   k = offsets.shape[0]
-  starts = jnp.searchsorted(offsets, jnp.arange(p + 1, dtype=jnp.int32) * region,
-                            method="scan_unrolled")
+  starts = jnp.searchsorted(offsets, jnp.arange(p + 1, dtype=jnp.int32) * region)
   count = starts[1:] - starts[:-1]
   crowded = count > c
   slots = jnp.arange(c, dtype=jnp.int32)

@@ -18,6 +18,7 @@ import numpy as np
 from spardl_jax.core import messages, topk
 
 INVALID = np.iinfo(np.int32).max
+_UNROLLED_FROM = 1 << 14  # sorted entries from which an unrolled binary search pays
 
 
 class Union(NamedTuple):
@@ -42,9 +43,11 @@ def sparse_sum(offsets: jax.Array, values: jax.Array) -> Union:
 
 
 def _find(sorted_: jax.Array, queries: jax.Array) -> jax.Array:
-  """``searchsorted(sorted_, queries)`` (left). The unrolled binary search is about 2x the
-  default loop's speed on XLA:CPU for 10^5 queries, and a sort-based search is 30x slower."""
-  return jnp.searchsorted(sorted_, queries, method="scan_unrolled")
+  """``searchsorted(sorted_, queries)`` (left). For long arrays the unrolled binary search is
+  about 2x the default loop's speed on XLA:CPU (10^5 queries; a sort-based search is 30x
+  slower); short ones keep the loop, which compiles to fewer ops."""
+  long = sorted_.shape[0] >= _UNROLLED_FROM
+  return jnp.searchsorted(sorted_, queries, method="scan_unrolled" if long else "scan")
 
 
 def sorted_sum(first_off: jax.Array, first_val: jax.Array, second_off: jax.Array,

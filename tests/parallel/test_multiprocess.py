@@ -161,7 +161,7 @@ def test_host_teams(processes, local):
 
 def test_a_terminated_launcher_stops_its_ranks(tmp_path):
   """SIGTERM to the launcher (a scheduler's stop, `kill`): its ranks, in their own sessions
-  and deaf to SIGTERM like a JAX process with a preemption notifier, die with it."""
+  and deaf to SIGTERM (as our jax.distributed ranks were), die with it."""
   pids = tmp_path / "pids"
   rank = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
           f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(120)")
