@@ -232,6 +232,14 @@ def _seconds(t) -> str:
   return "not reached" if t is None else f"{t:.1f}"
 
 
+def _ranked(group: list[dict], key: str) -> tuple[list[dict], float | None]:
+  """One (target, rate)'s rows fastest first by ``key`` (never reached last), and the fastest
+  time (None when no method got there)."""
+  reached = [r[key] for r in group if r[key] is not None]
+  return (sorted(group, key=lambda r: math.inf if r[key] is None else r[key]),
+          min(reached, default=None))
+
+
 def format_table(rows: list[dict], args) -> str:
   """The summary over seeds, then each seed's table."""
   lines = [f"{args.processes} processes; latency modeled at {args.alpha * 1e3:g} ms per round; "
@@ -242,9 +250,9 @@ def format_table(rows: list[dict], args) -> str:
            "|---|---|---|---|---:|---:|---:|---:|---:|"]
   summary = over_seeds(rows)
   for fraction, rate in dict.fromkeys((r["fraction"], r["rate"]) for r in summary):
-    group = [r for r in summary if (r["fraction"], r["rate"]) == (fraction, rate)]
-    best = min((r["median_seconds"] for r in group if r["median_seconds"]), default=None)
-    for r in sorted(group, key=lambda r: r["median_seconds"] or math.inf):
+    ranked, best = _ranked([r for r in summary if (r["fraction"], r["rate"]) == (fraction, rate)],
+                           "median_seconds")
+    for r in ranked:
       t = r["median_seconds"]
       lines.append(
           f"| {fraction:.0%} | {rate} | {r['method']} | "
@@ -260,10 +268,10 @@ def format_table(rows: list[dict], args) -> str:
               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     mine = [r for r in rows if r["seed"] == seed]
     for fraction, rate in dict.fromkeys((r["fraction"], r["rate"]) for r in mine):
-      group = [r for r in mine if (r["fraction"], r["rate"]) == (fraction, rate)]
-      best = min((r["seconds_to_target"] for r in group if r["seconds_to_target"]),
-                 default=None)
-      for r in sorted(group, key=lambda r: r["seconds_to_target"] or math.inf):
+      ranked, best = _ranked(
+          [r for r in mine if (r["fraction"], r["rate"]) == (fraction, rate)],
+          "seconds_to_target")
+      for r in ranked:
         t, latency = r["seconds_to_target"], r["seconds_with_latency"]
         lines.append(
             f"| {fraction:.0%} ({r['target']:.3f}) | {rate} | {r['method']} | {_seconds(t)} | "

@@ -4,8 +4,8 @@ Starts ``--processes`` copies of ``CMD`` on this machine as one ``jax.distribute
 (gloo carries the collectives between CPU processes), each with ``--devices-per-process``
 CPU devices. It picks a free port on 127.0.0.1 for the coordinator, streams every process's
 output with a ``[rank]`` prefix, and on the first failure (or ``--timeout``, or a SIGTERM to
-the launcher) stops them all and exits non-zero. The processes find their role in the environment variables that
-:func:`spardl_jax.distributed.initialize` reads.
+the launcher) stops them all and exits non-zero. The processes find their role in the
+environment variables that :func:`spardl_jax.distributed.initialize` reads.
 
 Example::
 
