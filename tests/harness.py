@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
+from spardl_jax.parallel.rows import shard_rows
 
 AXIS = "data"
 
@@ -38,17 +39,14 @@ def _executable(p, n, config, dtype):
 def put(p, tree):
   """Shards every leaf of `tree` over its leading (device) axis, with the full-rank spec
   jit gives its outputs (so feeding outputs back does not recompile)."""
-  def one(a):
-    a = jnp.asarray(a)
-    return jax.device_put(a, NamedSharding(mesh(p), P(AXIS, *[None] * (a.ndim - 1))))
-  return jax.tree.map(one, tree)
+  return shard_rows(tree, mesh(p), AXIS)
 
 
 def rows(p, n, config, dtype=jnp.float32, residuals=None):
   """The (P, ...) state of P devices, sharded; `residuals` (P, n) replaces the zeros."""
   state = sj.methods.init_rows(sj.methods.spardl(config), p, n, dtype)
   if residuals is not None:
-    state = state._replace(residual=jnp.asarray(residuals, dtype))
+    state = state._replace(residual=np.asarray(residuals, np.dtype(dtype)))
   return put(p, state)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 import spardl_jax.baselines  # noqa: F401  (registers the competitors)
@@ -112,16 +113,24 @@ def describe() -> str:
 
 
 def init_rows(method: AllReduce, p: int, n: int, dtype=jnp.float32):
-  """``method``'s initial state for ``p`` devices: every leaf gets a leading ``(p,)`` axis."""
-  return jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)),
+  """``method``'s initial state for ``p`` devices: every leaf gets a leading ``(p,)`` axis.
+
+  The rows are host NumPy arrays, read-only broadcast views that take no memory per row:
+  place them with :func:`spardl_jax.parallel.rows.shard_rows` (or ``jax.device_put`` with a
+  ``PartitionSpec(axis_name)`` sharding), which copies each device only its own row. An eager
+  device broadcast would compile a program per leaf shape and build all ``p`` rows on one
+  device before resharding them.
+  """
+  return jax.tree.map(lambda a: np.broadcast_to(np.asarray(a), (p, *np.shape(a))),
                       method.init(n=n, dtype=dtype, p=p))
 
 
 def abstract_rows(method: AllReduce, p: int, n: int, sharding, dtype=jnp.float32):
   """:func:`init_rows` as ``jax.ShapeDtypeStruct`` leaves placed with ``sharding``: what
   ``sharded(method, ...).lower`` needs for the state, without allocating it."""
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                      jax.eval_shape(functools.partial(init_rows, method, p, n, dtype)))
+  return jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct((p, *a.shape), a.dtype, sharding=sharding),
+      jax.eval_shape(functools.partial(method.init, n=n, dtype=dtype, p=p)))
 
 
 def sharded(method: AllReduce, mesh: jax.sharding.Mesh, axis_name: str = "data"):
