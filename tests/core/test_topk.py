@@ -13,10 +13,14 @@ from spardl_jax.core import topk
 from tests import reference
 
 
+METHODS = ["count", "sort"]  # the CPU's default and the GPU's (forced here on the CPU)
+
+
 # (300000, 3000): both stages see over 2**14 keys, the grouped compaction's path.
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("m,kb", [(1, 1), (7, 7), (100, 1), (1000, 10), (4096, 41), (5000, 3),
                                   (300_000, 3000)])
-def test_block_topk_matches_stable_argsort(m, kb):
+def test_block_topk_matches_stable_argsort(m, kb, method):
   rng = np.random.default_rng(m + kb)
   c = topk.chunk_size(m, kb)
   mc = -(-m // c) * c
@@ -25,8 +29,9 @@ def test_block_topk_matches_stable_argsort(m, kb):
   buf[:, :m] = rng.standard_normal((q, m)).astype(np.float32)
   buf[1, :m] = np.round(buf[1, :m])          # many ties
   buf[2, :m] = 0                             # all zero
-  offsets, values = jax.jit(topk.block_topk, static_argnums=(2, 3))(
-      jnp.asarray(buf), jnp.arange(q, dtype=jnp.int32), kb, c)
+  offsets, values = jax.jit(functools.partial(topk.block_topk, method=method),
+                            static_argnums=(2, 3))(jnp.asarray(buf),
+                                                   jnp.arange(q, dtype=jnp.int32), kb, c)
   for r in range(q):
     want = reference.topk_offsets(buf[r, :m], kb)
     np.testing.assert_array_equal(np.asarray(offsets[r]), want)
@@ -34,28 +39,38 @@ def test_block_topk_matches_stable_argsort(m, kb):
 
 
 def test_chunk_size_prefers_divisors_and_one_stage_for_dense():
-  assert topk.chunk_size(1_837_500, 18_375) == 10
-  assert topk.chunk_size(1000, 500) == 1
-  assert topk.chunk_size(1237, 13) >= 4   # prime m: padded chunks
+  assert topk.chunk_size(1_837_500, 18_375, method="count") == 10
+  assert topk.chunk_size(1000, 500, method="count") == 1
+  assert topk.chunk_size(1237, 13, method="count") >= 4   # prime m: padded chunks
+  # lax.top_k's cost grows with k: keeping 1 % or more, the GPU's method takes one stage.
+  assert topk.chunk_size(1_837_500, 18_375, method="sort") == 1
+  assert topk.chunk_size(1_837_500, 1_838, method="sort") == 30  # 0.1 %: two stages
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _select(rows, k):
-  return topk.select(topk.keys(rows), k)
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _select(rows, k, method):
+  return topk.select(topk.keys(rows), k, method=method)
 
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 300), st.data())
 def test_select_property(n, data):
-  """Random lengths and k; 16 rows per draw (one compilation), each with 2, 5 or 1000 value
-  levels (few levels: heavy ties), against the stable argsort."""
+  """Random lengths, k and method; 16 rows per draw (one compilation), each with 2, 5 or
+  1000 value levels (few levels: heavy ties), against the stable argsort."""
   k = data.draw(st.integers(1, n))
+  method = data.draw(st.sampled_from(METHODS))
   rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
   levels = np.array([2, 5, 1000])[rng.integers(0, 3, 16)][:, None]
   rows = (rng.integers(-levels, levels, (16, n)) / 3).astype(np.float32)
-  got = np.asarray(_select(jnp.asarray(rows), k))
+  got = np.asarray(_select(jnp.asarray(rows), k, method))
   for row, positions in zip(rows, got):
     np.testing.assert_array_equal(positions, reference.topk_offsets(row, k))
+
+
+@pytest.mark.parametrize("backend,method", [("cpu", "count"), ("gpu", "sort"), ("tpu", "count")])
+def test_the_gpu_sorts_and_other_backends_count(monkeypatch, backend, method):
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  assert topk.default_method() == method
 
 
 def test_keys_order_like_magnitudes():

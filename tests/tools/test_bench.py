@@ -60,13 +60,15 @@ def test_bench_all_methods_side_by_side(tmp_path):
 
 
 def test_selection_benchmark_is_exact_and_complete():
-  """--selection: every candidate timed, SparDL's selection equal to lax.top_k's set."""
+  """--selection: every candidate timed, each of SparDL's selections equal to lax.top_k's
+  set."""
   args = bench._parse_args(["--selection", "--n", "3000", "--densities", "0.01,0.5",
                             "--repeats", "1"])
   rows = bench.run_selection(args)
   assert [(r["n"], r["k"]) for r in rows] == [(3000, 30), (3000, 1500)]
   for r in rows:
     assert r["exact"]
-    assert all(r[f"{name}_s"] > 0 for name in ("spardl", "top_k", "approx_max_k",
-                                               "dense_pass"))
+    assert r["default"] in ("count", "sort", "sort_one_stage")
+    assert all(r[f"{name}_s"] > 0 for name in ("count", "sort", "sort_one_stage", "top_k",
+                                               "approx_max_k", "dense_pass"))
   assert "| 3,000 | 0.01 | 30 |" in bench.format_selection(rows)
