@@ -59,13 +59,13 @@ def test_matches_numpy_model(name, p, density):
 
 
 def test_topkdsa_overflow_stays_in_the_residual_and_dense_gather():
-  """A small capacity and large gradients in the first region: that region overflows on
-  every worker (its surplus waits in the residual) and the others fit; a large capacity
-  gathers dense."""
+  """A tiny capacity overflows every region (entries wait in the residual); a small capacity
+  and large gradients in the first region overflow that one only, on every worker, and the
+  others fit; a large capacity gathers dense."""
   p, n = 4, 1000
   quiet = harness.gradients(np.random.default_rng(0), p, n)
   loud = quiet * np.where(np.arange(n) < n // p, 10, 1).astype(quiet.dtype)
-  for xs, capacity, dense in [(loud, 0.6, False), (quiet, 8.0, True)]:
+  for xs, capacity, dense in [(quiet, 0.25, False), (loud, 0.6, False), (quiet, 8.0, True)]:
     method = sj.methods.make("topkdsa", density=0.2, capacity=capacity)
     assert topkdsa.sizes(p, n, method.config)[3] == dense
     state = harness.method_rows(p, n, method)
