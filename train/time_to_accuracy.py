@@ -205,11 +205,11 @@ def over_seeds(rows: list[dict]) -> list[dict]:
   """Per (target, rate, method): each seed's seconds to the target, their median (a seed
   that never got there counts as infinitely slow), and in how many seeds it was first."""
   firsts = collections.Counter()
-  for fraction, rate, seed in dict.fromkeys((r["fraction"], r["rate"], r["seed"]) for r in rows):
-    reached = [r for r in rows if (r["fraction"], r["rate"], r["seed"]) == (fraction, rate, seed)
-               and r["seconds_to_target"] is not None]
-    if reached:
-      firsts[fraction, rate, min(reached, key=lambda r: r["seconds_to_target"])["method"]] += 1
+  for key in dict.fromkeys((r["fraction"], r["rate"], r["seed"]) for r in rows):
+    ranked, best = _ranked([r for r in rows if (r["fraction"], r["rate"], r["seed"]) == key],
+                           "seconds_to_target")
+    if best is not None:
+      firsts[key[0], key[1], ranked[0]["method"]] += 1
   summary = []
   for key in dict.fromkeys((r["fraction"], r["rate"], r["method"]) for r in rows):
     group = [r for r in rows if (r["fraction"], r["rate"], r["method"]) == key]
@@ -240,15 +240,14 @@ def _ranked(group: list[dict], key: str) -> tuple[list[dict], float | None]:
           min(reached, default=None))
 
 
-def format_table(rows: list[dict], args) -> str:
-  """The summary over seeds, then each seed's table."""
+def format_table(rows: list[dict], summary: list[dict], args) -> str:
+  """The summary over seeds (:func:`over_seeds` of ``rows``), then each seed's table."""
   lines = [f"{args.processes} processes; latency modeled at {args.alpha * 1e3:g} ms per round; "
            f"targets are fractions of dense's final test accuracy at the same rate and seed.",
            "", f"Over seeds {', '.join(map(str, dict.fromkeys(r['seed'] for r in rows)))}:",
            "", "| target | rate | method | seconds to target, per seed | median | × fastest "
            "median | first in | median steps | mean final accuracy |",
            "|---|---|---|---|---:|---:|---:|---:|---:|"]
-  summary = over_seeds(rows)
   for fraction, rate in dict.fromkeys((r["fraction"], r["rate"]) for r in summary):
     ranked, best = _ranked([r for r in summary if (r["fraction"], r["rate"]) == (fraction, rate)],
                            "median_seconds")
@@ -339,13 +338,14 @@ def main(argv=None) -> int:
     print(f"no finished runs under {args.out} for seeds {args.seeds} at {args.rates}",
           file=sys.stderr)
     return 2
-  table = format_table(rows, args)
+  summary = over_seeds(rows)
+  table = format_table(rows, summary, args)
   print(table)
   with open(os.path.join(args.out, "results.md"), "w") as f:
     f.write(table + "\n")
   with open(os.path.join(args.out, "results.json"), "w") as f:
     json.dump({"args": {k: v for k, v in vars(args).items() if k != "report"}, "rows": rows,
-               "over_seeds": over_seeds(rows)}, f, indent=2)
+               "over_seeds": summary}, f, indent=2)
   plot(rows, os.path.join(args.out, "time_to_accuracy.png"))
   return 0
 
