@@ -23,6 +23,7 @@ leaves are then rebuilt so that no gradient mass is lost:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -33,22 +34,55 @@ import orbax.checkpoint as ocp
 log = logging.getLogger("train")
 
 
+UNREADABLE = "unreadable"  # where restore_latest moves the checkpoints it cannot read
+
+
+@contextlib.contextmanager
+def _quiet_readers():
+  """Orbax, TensorStore and asyncio log a traceback per failed read (about 30 for one corrupt
+  checkpoint); the fallback's one warning says what happened, so they are held back."""
+  loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "orbax")]
+  levels = [logger.level for logger in loggers]
+  for logger in loggers:
+    logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    for logger, level in zip(loggers, levels):
+      logger.setLevel(level)
+
+
 def manager(directory: str, *, max_to_keep: int = 2) -> ocp.CheckpointManager:
   """A checkpoint manager under ``directory``: each checkpoint holds the train state and a
   JSON record of the run's progress."""
-  return ocp.CheckpointManager(
-      os.path.abspath(directory),
-      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep),
-      item_handlers={"state": ocp.StandardCheckpointHandler(),
-                     "progress": ocp.JsonCheckpointHandler()})
+  with _quiet_readers():  # it reads the step folders, debris included
+    return ocp.CheckpointManager(
+        os.path.abspath(directory),
+        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep),
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "progress": ocp.JsonCheckpointHandler()})
+
+
+class CheckpointNotWritten(RuntimeError):
+  """Orbax declined to write a checkpoint (it keeps only steps above its latest)."""
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state, progress) -> None:
   """Saves ``state`` and ``progress`` (JSON: the epoch history, where in the data the run
-  is) as checkpoint ``step`` and waits until it is complete."""
-  mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                         progress=ocp.args.JsonSave(progress)))
+  is) as checkpoint ``step`` and waits until it is complete.
+
+  Raises:
+    CheckpointNotWritten: Orbax skipped the save (a checkpoint ``>= step`` is already
+      there): it would otherwise return quietly and the step would be lost.
+  """
+  written = mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                   progress=ocp.args.JsonSave(progress)))
   mgr.wait_until_finished()
+  if not written:
+    raise CheckpointNotWritten(
+        f"checkpoint {step} was not written to {mgr.directory}: it already holds checkpoints "
+        f"up to {mgr.latest_step()}. Resume with the flags that wrote them, or use a fresh "
+        f"checkpoint directory.")
 
 
 def _name(key) -> str:
@@ -120,10 +154,56 @@ def _check_fits(step: int, directory, saved: dict, paths: list, leaves: list) ->
   return changed
 
 
+def check_same_run(progress: dict, run: dict, step: int, directory) -> None:
+  """Raises :class:`CheckpointMismatch` naming each flag whose value differs between the
+  run that wrote checkpoint ``step`` (its progress record's ``run``) and ``run`` (see
+  :func:`train.train.run_record`); records written before they held a ``run`` pass."""
+  saved = progress.get("run") if isinstance(progress, dict) else None
+  if saved is None:
+    return
+  changed = [f"{key} {saved.get(key)!r} there, {run.get(key)!r} here"
+             for key in sorted(set(saved) | set(run)) if saved.get(key) != run.get(key)]
+  if changed:
+    raise CheckpointMismatch(
+        f"checkpoint {step} in {directory} was written by another run: {'; '.join(changed)}. "
+        f"Resume with the flags that wrote it, or use a fresh --out.")
+
+
+def check_newest(directory: str, run: dict) -> None:
+  """:func:`check_same_run` against the newest checkpoint under ``directory``, reading only
+  its progress record (a record that cannot be read is left to :func:`restore_latest`)."""
+  if not os.path.isdir(directory):
+    return
+  mgr = manager(directory)
+  try:
+    step = mgr.latest_step()
+    if step is None:
+      return
+    try:
+      with _quiet_readers():
+        progress = mgr.restore(step, args=ocp.args.Composite(
+            progress=ocp.args.JsonRestore()))["progress"]
+    except Exception:  # unreadable: restore_latest sets it aside and tries older ones
+      return
+    check_same_run(progress, run, step, directory)
+  finally:
+    mgr.close()
+
+
+class Unreadable(ValueError):
+  """A step folder that is not a finished checkpoint of any train state."""
+
+
 def _restore(mgr: ocp.CheckpointManager, step: int, like):
   """``(state, progress)`` of checkpoint ``step``, rebuilt onto ``like``'s devices."""
-  metadata = mgr.item_metadata(step)["state"]
-  saved = dict(zip(_paths(metadata), jax.tree.leaves(metadata)))
+  # Orbax writes its metadata file last, inside the folder it renames into place: without
+  # it (or without any saved leaf) the folder is debris, not another train state.
+  if not (mgr.directory / str(step) / "_CHECKPOINT_METADATA").exists():
+    raise Unreadable("not a finished Orbax checkpoint (no _CHECKPOINT_METADATA)")
+  metadata = mgr.item_metadata(step).get("state")
+  saved = dict(zip(_paths(metadata), jax.tree.leaves(metadata))) if metadata else {}
+  if not saved:
+    raise Unreadable("its train state lists no arrays")
   leaves, treedef = jax.tree.flatten(like)
   paths = _paths(like)
   changed = _check_fits(step, mgr.directory, saved, paths, leaves)
@@ -148,13 +228,34 @@ def _restore(mgr: ocp.CheckpointManager, step: int, like):
   return jax.tree.unflatten(treedef, out), restored["progress"]
 
 
+def _set_aside(mgr: ocp.CheckpointManager, step: int) -> str:
+  """Moves step folder ``step`` into ``UNREADABLE/`` beside the checkpoints (kept for a
+  post-mortem, never deleted): the manager then neither counts it as the latest step, which
+  would make it refuse to write that step again, nor lets ``max_to_keep`` delete a good
+  checkpoint in its favour. Returns the new path."""
+  aside = os.path.join(os.fspath(mgr.directory), UNREADABLE)
+  if jax.process_index() == 0:  # one process moves it; the others wait at the barrier
+    os.makedirs(aside, exist_ok=True)
+    target, copy = os.path.join(aside, str(step)), 1
+    while os.path.exists(target):
+      target, copy = os.path.join(aside, f"{step}.{copy}"), copy + 1
+    os.rename(os.path.join(os.fspath(mgr.directory), str(step)), target)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(f"spardl_jax set aside checkpoint {step}")
+  return aside
+
+
 def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, object] | None:
   """``(step, state, progress)`` of the newest checkpoint that reads cleanly, or None.
 
   A checkpoint that cannot be read (a folder left by a crash outside Orbax's atomic
-  rename, a corrupted or truncated file) is skipped with a warning naming it and the
-  reason, and the next older one is tried. Orbax writes into a temporary folder and renames
-  it when complete, so a writer killed mid-save leaves no half checkpoint behind.
+  rename, a corrupted or truncated file, a junk folder) is moved into the ``unreadable/``
+  folder beside the checkpoints with a one-line warning naming it and the reason, and the
+  next older one is tried. Moved aside, it never blocks a later save of its step and never
+  counts towards ``max_to_keep``, so no good checkpoint is deleted in its favour. Orbax
+  writes into a temporary folder and renames it when complete, so a writer killed mid-save
+  leaves no half checkpoint behind.
 
   Args:
     mgr: the manager.
@@ -166,16 +267,19 @@ def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, objec
     CheckpointMismatch: the newest readable checkpoint is of another train state: which
       leaf differs and both shapes are named.
   """
-  mgr.reload()
-  for step in sorted(mgr.all_steps(), reverse=True):
-    try:
-      state, progress = _restore(mgr, step, like)
-    except CheckpointMismatch:
-      raise
-    except Exception as error:  # any reader failure (Orbax, TensorStore, JSON): try older
-      reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-      log.warning("checkpoint %d in %s cannot be read, skipped: %s: %s", step, mgr.directory,
-                  type(error).__name__, reason)
-      continue
-    return step, state, progress
+  with _quiet_readers():
+    mgr.reload()
+    for step in sorted(mgr.all_steps(), reverse=True):
+      try:
+        state, progress = _restore(mgr, step, like)
+      except CheckpointMismatch:
+        raise
+      except Exception as error:  # any reader failure (Orbax, TensorStore, JSON): try older
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        aside = _set_aside(mgr, step)
+        log.warning("checkpoint %d in %s cannot be read (%s: %s); moved to %s, trying the "
+                    "next older one", step, mgr.directory, type(error).__name__, reason, aside)
+        mgr.reload()
+        continue
+      return step, state, progress
   return None

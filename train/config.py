@@ -88,7 +88,7 @@ def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str)
   ``--teams``, ``--sag``, ``--residuals``; tuning not in ``text`` from the recipe
   (``TrainConfig.recipe``) for sparse methods, when the run starts.
   """
-  method, *pairs = text.split(":")
+  method, pairs = methods.split_spec(text)
   tuning, rest = {}, [method]
   for pair in pairs:
     key, sep, value = pair.partition("=")

@@ -152,7 +152,25 @@ def _variants(args) -> tuple:
     except (ValueError, TypeError) as error:
       raise UsageError(f"--compare {text!r}: {error}") from None
     variants.append(variant)
+  labels = [v.label for v in variants]
+  twice = sorted({label for label in labels if labels.count(label) > 1})
+  if twice:
+    raise UsageError(f"--compare lists {', '.join(map(repr, twice))} more than once; each "
+                     f"variant runs once (its results and checkpoints are kept by its spec).")
   return tuple(variants)
+
+
+def _check_writable(out: str) -> None:
+  """Creates ``out`` and writes a file there, so a run never trains to the end only to
+  find it cannot write its results."""
+  try:
+    os.makedirs(out, exist_ok=True)
+    probe = os.path.join(out, f".write-test-{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("")
+    os.remove(probe)
+  except OSError as error:
+    raise UsageError(f"--out {out!r} cannot be written: {error.strerror or error}.") from None
 
 
 def run(args) -> int:
@@ -161,7 +179,10 @@ def run(args) -> int:
     return 0
   if args.momentum >= 1:
     raise UsageError(f"--momentum must be in [0, 1), got {args.momentum}.")
+  if args.checkpoint_every and not args.checkpoint:
+    raise UsageError("--checkpoint-every saves inside an epoch, which needs --checkpoint.")
   variants = _variants(args)
+  _check_writable(args.out)
   logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
   log.setLevel(logging.INFO)
   from spardl_jax import distributed
@@ -174,7 +195,8 @@ def run(args) -> int:
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # one logging process
   from train import data, report
-  from train.train import check_model_data, data_request, make_mesh, train_and_evaluate
+  from train.train import (check_model_data, check_variant, data_request, make_mesh,
+                           train_and_evaluate)
 
   cfg = TrainConfig(model=args.model, model_size=args.model_size, dataset=args.dataset,
                     variants=variants, devices=args.devices, epochs=args.epochs,
@@ -200,19 +222,26 @@ def run(args) -> int:
     log.info("sparse methods use the %r recipe (%s) unless their spec says otherwise%s",
              cfg.recipe, ", ".join(f"{k}={v}" for k, v in recipe.items()) or "no tuning",
              "; --recipe paper for plain SparDL" if recipe else "")
+  ckpts = {v.label: (os.path.join(cfg.out, "checkpoints", v.label.replace(":", "_"))
+                    if args.checkpoint else None) for v in variants}
+  for variant in variants:  # every variant is checked before the first one trains
+    try:
+      check_variant(cfg, variant, ds, mesh, checkpoint_dir=ckpts[variant.label])
+    except (ValueError, TypeError) as error:
+      flag = "--method" if args.method else "--compare"
+      raise UsageError(f"{flag} {variant.label!r}: {error}") from None
   results = []
   for variant in variants:
-    ckpt = (os.path.join(cfg.out, "checkpoints", variant.label.replace(":", "_"))
-            if args.checkpoint else None)
     result = train_and_evaluate(cfg, variant, ds, mesh, progress=not args.no_progress,
-                                checkpoint_dir=ckpt)
+                                checkpoint_dir=ckpts[variant.label])
     last = result.history[-1]
     log.info("%s: test %s %.4f after %d epochs (%d params, %.1f ms/step)", variant.label,
              result.metric, last[f"test_{result.metric}"], cfg.epochs, result.num_params,
              result.time_per_step * 1e3)
     results.append(result)
+    if jax.process_index() == 0:  # after each variant: a later failure keeps these
+      paths = report.write(cfg.out, results, dataclasses.asdict(cfg))
   if jax.process_index() == 0:
-    paths = report.write(cfg.out, results, dataclasses.asdict(cfg))
     print(report.format_table(results))
     log.info("wrote %s", ", ".join(paths))
   return 0

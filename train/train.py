@@ -16,6 +16,7 @@ Two details make the sync really sparse:
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import sys
 import time
@@ -108,10 +109,7 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
 
   ``cfg.lr_schedule='cosine'`` decays the rate to 0 over the run.
   """
-  tuning = variant.tuning
-  if "density" in variant.options:  # a sparse method: the recipe fills in the rest
-    tuning = {**recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
-                              steps_per_epoch=steps_per_epoch), **tuning}
+  tuning = variant_tuning(cfg, variant, steps_per_epoch=steps_per_epoch)
   corrected = tuning.get("momentum") is not None
   default_momentum = cfg.momentum if cfg.optimizer == "sgd" else 0.9
   momentum = 0.0 if corrected else tuning.get("opt_momentum", default_momentum)
@@ -144,6 +142,31 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
                            momentum_masking=bool(tuning.get("masking", 1)),
                            clip_norm=tuning.get("clip"), **options)
   return optax.chain(sync, opt)
+
+
+def variant_tuning(cfg: TrainConfig, variant: Variant, *,
+                   steps_per_epoch: int | None = None) -> dict:
+  """The :data:`~train.config.TUNING` ``variant`` trains with: its own keys, and for a
+  sparse method the recipe ``cfg.recipe`` for what they leave out.
+
+  Raises:
+    ValueError: for a key that cannot act here (``freeze`` without AdamW, ``masking``
+      without ``momentum``, ``ramp`` for a method without a density), rather than ignore it.
+  """
+  tuning = variant.tuning
+  if "density" in variant.options:  # a sparse method: the recipe fills in the rest
+    tuning = {**recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
+                              steps_per_epoch=steps_per_epoch), **tuning}
+  if "freeze" in tuning and cfg.optimizer != "adamw":
+    raise ValueError(f"freeze (Adam's second moment frozen) needs --optimizer "
+                     f"adamw, got --optimizer {cfg.optimizer}.")
+  if "masking" in tuning and tuning.get("momentum") is None:
+    raise ValueError(f"masking (DGC's momentum factor masking) needs momentum=M "
+                     f"(DGC's momentum correction) in the same spec.")
+  if tuning.get("ramp") and "density" not in variant.options:
+    raise ValueError(f"ramp (a density warm-up) needs a sparse method with a "
+                     f"density; {variant.method!r} has none.")
+  return tuning
 
 
 def check_model_data(model: str, dataset: str) -> None:
@@ -304,6 +327,72 @@ def evaluate_model(evaluate, state: TrainState, ds: data.Dataset, mesh,
   return total[0] / total[2], total[1] / total[2]
 
 
+def _setup(cfg: TrainConfig, variant: Variant, ds: data.Dataset, mesh: jax.sharding.Mesh
+           ) -> tuple[nn.Module, int, optax.GradientTransformation, np.ndarray]:
+  """``(model, steps per epoch, optimizer, one example)`` of a run, its sizes checked."""
+  if cfg.batch_size % mesh.size:
+    raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --devices "
+                     f"({mesh.size}).")
+  check_model_data(cfg.model, ds.name)
+  model = models.create(cfg.model, cfg.model_size, **ds.info)
+  steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
+  if steps < 1:
+    raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
+                     f"({len(ds.train)} examples).")
+  tx = make_optimizer(cfg, variant, steps_per_epoch=steps)
+  return model, steps, tx, ds.train.take(np.arange(1))[0]
+
+
+# The flags a checkpoint's arrays depend on: resuming with another value would train another
+# run on them. More --epochs continue the same run (except under a cosine schedule, whose
+# decay they set), and another device count folds the residuals (train/checkpoint.py).
+_RUN_FLAGS = {"model": "--model", "model_size": "--model-size", "dataset": "--dataset",
+              "batch_size": "--batch-size", "lr": "--lr", "momentum": "--momentum",
+              "lr_schedule": "--lr-schedule", "recipe": "--recipe",
+              "optimizer": "--optimizer", "weight_decay": "--weight-decay", "seed": "--seed",
+              "seq_len": "--seq-len", "image_size": "--image-size"}
+
+
+def run_record(cfg: TrainConfig, variant: Variant, steps_per_epoch: int) -> dict:
+  """What a checkpoint of this run was trained with, by flag (JSON types, as the progress
+  record stores it): :data:`_RUN_FLAGS`, the steps an epoch, the method, its options and
+  the tuning it trains with (the recipe's included)."""
+  record = {flag: getattr(cfg, field) for field, flag in _RUN_FLAGS.items()}
+  record["--steps-per-epoch (steps an epoch)"] = steps_per_epoch
+  if cfg.lr_schedule == "cosine":
+    record["--epochs"] = cfg.epochs
+  record["method"] = variant.method
+  record.update({f"option {k}": v for k, v in variant.options.items()})
+  tuning = variant_tuning(cfg, variant, steps_per_epoch=steps_per_epoch)
+  record.update({f"tuning {k}": v for k, v in tuning.items()})
+  return json.loads(json.dumps(record))
+
+
+def check_variant(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
+                  mesh: jax.sharding.Mesh, *, checkpoint_dir: str | None = None) -> None:
+  """Everything about ``variant`` that could fail during its run, checked before any run
+  starts: its optimizer is built and its sync traced on ``mesh`` (shapes only: nothing is
+  compiled or allocated), so options that fit only some device counts (``teams``) fail
+  now, and the newest checkpoint in ``checkpoint_dir`` must have been written with the same
+  flags (:func:`train.checkpoint.check_same_run`)."""
+  from train import checkpoint
+
+  model, steps, tx, example = _setup(cfg, variant, ds, mesh)
+  replicated = jax.sharding.NamedSharding(mesh, PartitionSpec())
+  params = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
+      jax.eval_shape(model.init, jax.random.key(0), jnp.asarray(example[:1]))["params"])
+  specs = sj.opt_state_specs(tx, params, mesh, axis_name=cfg.axis_name)
+  opt_state = jax.eval_shape(
+      lambda p: sj.init_opt_state(tx, p, mesh, axis_name=cfg.axis_name), params)
+  update = jax.shard_map(lambda g, s, p: tx.update(g, s, p), mesh=mesh,
+                         in_specs=(PartitionSpec(), specs, PartitionSpec()),
+                         out_specs=(PartitionSpec(), specs), check_vma=False)
+  jax.eval_shape(update, params, opt_state, params)
+  if checkpoint_dir:
+    checkpoint.check_newest(checkpoint_dir, run_record(cfg, variant, steps))
+
+
 def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                        mesh: jax.sharding.Mesh, *, progress: bool = True,
                        checkpoint_dir: str | None = None) -> RunResult:
@@ -320,17 +409,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   """
   from train import checkpoint
 
-  if cfg.batch_size % mesh.size:
-    raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --devices "
-                     f"({mesh.size}).")
-  check_model_data(cfg.model, ds.name)
-  model = models.create(cfg.model, cfg.model_size, **ds.info)
-  steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
-  if steps < 1:
-    raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
-                     f"({len(ds.train)} examples).")
-  tx = make_optimizer(cfg, variant, steps_per_epoch=steps)
-  example = ds.train.take(np.arange(1))[0]
+  model, steps, tx, example = _setup(cfg, variant, ds, mesh)
   state, specs = create_train_state(jax.random.key(cfg.seed), model, tx, example, mesh,
                                     cfg.axis_name)
   train, evaluate = compile_steps(model, tx, mesh, specs, cfg.axis_name, task=ds.task,
@@ -339,8 +418,10 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   mgr = checkpoint.manager(checkpoint_dir) if checkpoint_dir else None
   restored = mgr and checkpoint.restore_latest(mgr, state)
   at, history = _Position.start(1), []
+  run = run_record(cfg, variant, steps)
   if restored:
-    _, state, record = restored
+    step, state, record = restored
+    checkpoint.check_same_run(record, run, step, checkpoint_dir)
     history, at = record["history"], _Position(**record["position"])
     log.info("%s: resumed from %s at epoch %d, step %d of %d", variant.label, checkpoint_dir,
              at.epoch, at.done, steps)
@@ -369,7 +450,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
       if mgr and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and done < steps:
         position = _Position(epoch, done, loop.rows_so_far(epoch).tolist(),
                              batches.get_state())
-        checkpoint.save(mgr, step, state, {"history": history,
+        checkpoint.save(mgr, step, state, {"history": history, "run": run,
                                            "position": position._asdict()})
     epoch_metrics = loop.fetch(epoch)  # (steps, 3): loss, metric, bytes per step
     clock += time.perf_counter() - epoch_start - (loop.compile_seconds - compiled_before)
@@ -386,7 +467,8 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
              f"test {ds.metric} {test_metric:.4f}")
     if mgr:
       checkpoint.save(mgr, epoch * steps, state, {
-          "history": history, "position": _Position(epoch, steps, [], None)._asdict()})
+          "history": history, "run": run,
+          "position": _Position(epoch, steps, [], None)._asdict()})
   loop.close()
   if mgr:
     mgr.close()

@@ -64,8 +64,11 @@ class PowerSGDConfig:
         self.min_compression_rate, numbers.Real) or not self.min_compression_rate > 0:
       raise ValueError(f"PowerSGDConfig: min_compression_rate must be a number > 0, got "
                        f"{self.min_compression_rate!r}.")
-    if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-      raise ValueError(f"PowerSGDConfig: seed must be an int, got {self.seed!r}.")
+    # jax.random.key takes a C long: beyond it, an OverflowError at the first trace.
+    if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not (
+        -2**63 <= self.seed < 2**63):
+      raise ValueError(f"PowerSGDConfig: seed must be an int in [-2**63, 2**63), got "
+                       f"{self.seed!r}.")
 
 
 class PowerSGDState(NamedTuple):

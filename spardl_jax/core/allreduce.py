@@ -18,6 +18,7 @@ import numpy as np
 from spardl_jax.core import (bruck, cost, gres, h_controller, messages, protocol, sag, schedule,
                              sparse, srs, topk)
 from spardl_jax.core.config import BlockLayout, SparDLConfig
+from spardl_jax.core.nonfinite import NonFinite, check_policy, skip_if
 
 
 class SparDLState(NamedTuple):
@@ -73,19 +74,19 @@ def bound_axes() -> list[str]:
   return sorted(map(str, getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ())))
 
 
-def _axis_size(axis_name) -> int:
-  """The size of ``axis_name``, with a clear error when it is not bound."""
+def axis_size(axis_name, *, who: str = "spardl_allreduce") -> int:
+  """The size of ``axis_name``, with a clear error naming ``who`` when it is not bound."""
   try:
     return jax.lax.axis_size(axis_name)
   except NameError:
     bound = bound_axes()
     if not bound:
       raise ValueError(
-          f"spardl_allreduce must be called inside jax.shard_map over axis_name="
-          f"{axis_name!r}; no mesh axis is bound here (called outside shard_map?).") from None
+          f"{who} must be called inside jax.shard_map over axis_name={axis_name!r}; no mesh "
+          f"axis is bound here (called outside shard_map?).") from None
     raise ValueError(
-        f"spardl_allreduce: axis_name={axis_name!r} is not a bound mesh axis; the bound axes "
-        f"here are {bound}.") from None
+        f"{who}: axis_name={axis_name!r} is not a bound mesh axis; the bound axes here are "
+        f"{bound}.") from None
 
 
 def _validate(x: jax.Array, state: SparDLState, config: SparDLConfig) -> None:
@@ -125,7 +126,8 @@ def resolve_teams(config: SparDLConfig, p: int, n: int, itemsize: int) -> tuple[
 
 
 def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
-                     axis_name) -> tuple[jax.Array, SparDLState]:
+                     axis_name, nonfinite: NonFinite = "skip"
+                     ) -> tuple[jax.Array, SparDLState]:
   """SparDL sparse all-reduce (mean) of the local flat gradient ``x`` over ``axis_name``.
 
   Call inside ``jax.shard_map``. With ``g = x + state.residual``, the ``P`` workers run
@@ -141,6 +143,11 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
   Results are ``varying`` over the axis in JAX's type system although they are identical on
   every device: return them with ``out_specs=P(axis)`` or use ``check_vma=False``.
 
+  A NaN or inf in any device's ``x`` (or residual) always reaches ``y`` (every selection
+  ranks it first), so every device sees it in the same call; with ``nonfinite='skip'``
+  (default) that call returns zeros and the state unchanged on every device, and the books
+  stay finite (:mod:`spardl_jax.core.nonfinite`).
+
   Args:
     x: ``(n,)`` float32, bfloat16 or float16 array, this device's gradient (float64 is
       rejected: selection keys are float32 bits, see ``docs/design.md``).
@@ -148,6 +155,8 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
       shape ``(n,)`` and ``x``'s dtype, and the controller).
     config: a :class:`SparDLConfig`.
     axis_name: the ``shard_map`` mesh axis to reduce over.
+    nonfinite: ``'skip'`` (default) or ``'propagate'`` (return what was computed, NaNs in
+      the result and the residuals included).
 
   Returns:
     ``(y, new_state)``: ``y`` ``(n,)`` the mean over the axis of the sparsified ``g``,
@@ -168,8 +177,18 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
     Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient Sparse
     Communication", ICDE 2024, Sections III-B/C and Algorithm 1.
   """
-  p = _axis_size(axis_name)
+  p = axis_size(axis_name)
   _validate(x, state, config)
+  check_policy("spardl_allreduce", nonfinite)
+  y, new_state = _stages(x, state, config, p=p, axis_name=axis_name)
+  if nonfinite == "skip":  # NaN and inf always reach y: it tells every device alike
+    return skip_if(~jnp.all(jnp.isfinite(y)), y, new_state, state)
+  return y, new_state
+
+
+def _stages(x: jax.Array, state: SparDLState, config: SparDLConfig, *, p: int,
+            axis_name) -> tuple[jax.Array, SparDLState]:
+  """The paper's stages, in order (Algorithm 1)."""
   frame = block_frame(x.shape[0], config, p=p, itemsize=np.dtype(x.dtype).itemsize,
                       axis_name=axis_name)
   buf = to_blocks(x + state.residual, frame)
@@ -344,7 +363,9 @@ class SparDL:
     return init_state(n, self.config, dtype)
 
   def apply(self, x, state, *, axis_name):
-    return spardl_allreduce(x, state, self.config, axis_name=axis_name)
+    # Callers apply their own agreed policy (sync_gradients, methods.sharded) around it.
+    return spardl_allreduce(x, state, self.config, axis_name=axis_name,
+                            nonfinite="propagate")
 
   def formula(self, *, p: int, n: int, itemsize: int, h=None) -> dict:
     teams, _ = resolve_teams(self.config, p, n, itemsize)

@@ -98,10 +98,23 @@ class Wire:
     return np.dtype(jnp.bfloat16) if self.compact and np.dtype(dtype).itemsize > 2 else (
         np.dtype(dtype))
 
+  def narrow(self, values: jax.Array) -> jax.Array:
+    """``values`` in the dtype they travel in: rounded to nearest, except that a finite
+    value beyond the narrow type's largest finite one is rounded toward zero to it
+    (bfloat16's round to nearest turns float32 values from about 3.3961e38 up into inf,
+    which every device would read as a non-finite gradient). The difference stays in the
+    sender's residual like any rounding error (:meth:`rounding_error`)."""
+    narrow = self.value_dtype(values.dtype)
+    if narrow == values.dtype:
+      return values
+    out = values.astype(narrow)
+    largest = jnp.asarray(jnp.finfo(narrow).max, narrow)
+    return jnp.where(jnp.isinf(out) & jnp.isfinite(values),
+                     jnp.where(values > 0, largest, -largest), out)
+
   def round(self, values: jax.Array) -> jax.Array:
     """``values`` as the receiver will see them (identity unless they are narrowed)."""
-    narrow = self.value_dtype(values.dtype)
-    return values if narrow == values.dtype else values.astype(narrow).astype(values.dtype)
+    return self.narrow(values).astype(values.dtype)
 
   def rounding_error(self, values: jax.Array) -> jax.Array | None:
     """``values - round(values)``, the part of a sent value its sender keeps; None when
@@ -121,7 +134,7 @@ class Wire:
     method = "compare_all" if offsets.shape[1] * bounds.shape[0] <= 1 << 16 else "scan"
     counts = jax.vmap(lambda row: jnp.searchsorted(row, bounds, method=method))(offsets)
     parts = [(offsets & (SEGMENT - 1)).astype(jnp.uint16),
-             _to_words(values.astype(self.value_dtype(values.dtype)), jnp.uint16),
+             _to_words(self.narrow(values), jnp.uint16),
              _to_words(counts.astype(count_dtype(self.kb)), jnp.uint16)]
     if extra is not None:
       parts.append(_to_words(extra, jnp.uint16))

@@ -31,13 +31,6 @@ def _specs(state, axis_name: str):
   per_device = PartitionSpec(axis_name)
 
   def spec(node):
-    if isinstance(node, optax.ApplyIfFiniteState) and _contains_sync(node.inner_state):
-      raise ValueError(
-          "opt_state_specs: optax.apply_if_finite wraps a gradient sync. It decides on each "
-          "device's own gradient before the sync runs, so a device with a NaN would skip the "
-          "collectives the others wait in (a hang). The sync agrees on every device itself: "
-          "use spardl(..., nonfinite='skip') (the default), which zeroes that step's update "
-          "everywhere and keeps the residuals; wrap only optimizers that come after the sync.")
     if isinstance(node, SyncState):
       return jax.tree.map(lambda _: per_device, node)
     if isinstance(node, optax.MultiStepsState) and _contains_sync(node.inner_opt_state):
@@ -55,7 +48,7 @@ def _specs(state, axis_name: str):
     return PartitionSpec()
 
   return jax.tree.map(spec, state, is_leaf=lambda x: isinstance(
-      x, (SyncState, optax.MultiStepsState, optax.ApplyIfFiniteState)))
+      x, (SyncState, optax.MultiStepsState)))
 
 
 def _local_state(tx: optax.GradientTransformation, params, mesh):

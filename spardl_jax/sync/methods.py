@@ -25,6 +25,7 @@ import spardl_jax.baselines  # noqa: F401  (registers the competitors)
 from spardl_jax.core import protocol
 from spardl_jax.core.allreduce import SparDL
 from spardl_jax.core.config import SparDLConfig
+from spardl_jax.core.nonfinite import NonFinite, any_device, check_policy, skip_if
 from spardl_jax.core.protocol import AllReduce
 
 
@@ -61,6 +62,17 @@ def _option_types() -> dict[str, Callable[[str], Any]]:
   return types
 
 
+def split_spec(text: str) -> tuple[str, list[str]]:
+  """``'method:key=value:...'`` -> ``(method, ['key=value', ...])``; a key given twice is a
+  ValueError (the last one would silently win)."""
+  method, *pairs = text.split(":")
+  keys = [pair.partition("=")[0] for pair in pairs]
+  twice = sorted({key for key in keys if keys.count(key) > 1})
+  if twice:
+    raise ValueError(f"method spec {text!r}: {', '.join(twice)} given more than once.")
+  return method, pairs
+
+
 def parse(text: str, *, density: float, teams=1, sag: str = "auto",
           residuals: str = "global") -> tuple[str, dict]:
   """``method[:key=value[:key=value...]]`` -> ``(method, options)`` for :func:`make`.
@@ -69,7 +81,7 @@ def parse(text: str, *, density: float, teams=1, sag: str = "auto",
   method, ``teams``, ``sag`` and ``residuals`` for SparDL. Each method takes the fields of
   its ``Config`` as keys, e.g. ``'oktopk:tau=16'``.
   """
-  method, *pairs = text.split(":")
+  method, pairs = split_spec(text)
   if method not in METHODS:
     raise ValueError(f"method spec {text!r}: the method must be one of {METHODS}.")
   config = protocol.registered()[method].Config
@@ -133,28 +145,42 @@ def abstract_rows(method: AllReduce, p: int, n: int, sharding, dtype=jnp.float32
       jax.eval_shape(functools.partial(method.init, n=n, dtype=dtype, p=p)))
 
 
-def sharded(method: AllReduce, mesh: jax.sharding.Mesh, axis_name: str = "data"):
+def sharded(method: AllReduce, mesh: jax.sharding.Mesh, axis_name: str = "data", *,
+            nonfinite: NonFinite = "skip"):
   """``method`` over arrays that hold one row per device, jitted.
 
   Per-device state lives in arrays with a leading device axis sharded over ``axis_name``
   (the residual is ``(P, n)``; each device sees its ``(1, n)`` row), the layout optimizer
-  state uses in data-parallel JAX.
+  state uses in data-parallel JAX. A NaN or inf in any device's row is handled as
+  ``nonfinite`` says, alike on every device (:mod:`spardl_jax.core.nonfinite`; by default
+  the call returns zeros and the state unchanged).
+
+  Raises:
+    ValueError: ``axis_name`` is not an axis of ``mesh``, or ``nonfinite`` is not a policy.
 
   Returns:
     ``f(grads, state) -> (ys, state)``: ``grads`` ``(P, n)`` (row ``w`` is device ``w``'s
     gradient) and ``state`` from :func:`init_rows`, both sharded ``PartitionSpec(axis_name)``;
     every row of ``ys`` is the same mean.
   """
+  if axis_name not in mesh.axis_names:
+    raise ValueError(f"sharded: axis_name={axis_name!r} is not an axis of the mesh; its axes "
+                     f"are {tuple(mesh.axis_names)}.")
+  check_policy("sharded", nonfinite)
   rows = PartitionSpec(axis_name)
 
   def step(grad, state):
-    y, state = method.apply(grad[0], jax.tree.map(lambda a: a[0], state),
-                            axis_name=axis_name)
-    return y[None], jax.tree.map(lambda a: a[None], state)
+    x, old = grad[0], jax.tree.map(lambda a: a[0], state)
+    y, new = method.apply(x, old, axis_name=axis_name)
+    if nonfinite == "skip":
+      bad = any_device(method.nonfinite_reaches_result, x, old, y, axis_name)
+      y, new = skip_if(bad, y, new, old)
+    return y[None], jax.tree.map(lambda a: a[None], new)
 
   return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(rows, rows), out_specs=(rows, rows)))
 
 
-def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: str = "data"):
+def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: str = "data",
+                      *, nonfinite: NonFinite = "skip"):
   """:func:`sharded` for SparDL with ``config``; state from ``init_rows(spardl(config), ...)``."""
-  return sharded(spardl(config), mesh, axis_name)
+  return sharded(spardl(config), mesh, axis_name, nonfinite=nonfinite)

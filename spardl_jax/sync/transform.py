@@ -10,8 +10,9 @@ each device (see :mod:`spardl_jax.sync.data_parallel` for the shardings and a sh
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +20,11 @@ import numpy as np
 import optax
 
 from spardl_jax.core import flat as flat_vector
+from spardl_jax.core import nonfinite as nonfinite_policy
+from spardl_jax.core.allreduce import axis_size as bound_axis_size
 from spardl_jax.core.allreduce import bound_axes
 from spardl_jax.core.config import ETHERNET_10G, Residuals, Sag, WireFormat
+from spardl_jax.core.nonfinite import NonFinite
 from spardl_jax.sync import levels, methods
 
 
@@ -103,25 +107,34 @@ def _devices(axis_name, axis_size: int | None) -> tuple[int, int]:
       f"inside jax.shard_map, run under jax.set_mesh(mesh), or pass axis_size=P.")
 
 
-NonFinite = Literal["skip", "propagate"]
-NONFINITE_POLICIES = ("skip", "propagate")
+@functools.cache
+def _apply_if_finite_code() -> frozenset:
+  wrapped = optax.apply_if_finite(optax.identity(), 1)
+  return frozenset({wrapped.init.__code__, wrapped.update.__code__})
 
 
-def _any_device_nonfinite(reaches_result: bool, flat, local, y, axis_name) -> jax.Array:
-  """() bool, True on every device when some device's ``flat`` (+ residual) is not finite.
+def _refuse_apply_if_finite() -> None:
+  """Raises when ``optax.apply_if_finite`` is calling this sync's init or update.
 
-  Where the method guarantees that a non-finite input reaches its result (every selection
-  ranks NaN and inf above any finite value and ``y`` is bit-identical everywhere), the
-  result itself tells: no extra communication. Otherwise one scalar ``pmax`` (4 bytes, one
-  latency round) makes the devices agree.
+  It decides on each device's own gradient, before the sync, whether to run it: a device
+  with a NaN skips the collectives the others wait in (a hang, then an abort after 40 s on
+  CPU). The wrapper's state is not visible from inside, and a state can be built by
+  ``tx.init`` under ``shard_map``, with ``axis_size`` or with ``init_opt_state``, so the
+  check looks for the wrapper's own functions among the callers: one walk of the Python
+  stack at trace time, nothing in the compiled step.
   """
-  if reaches_result:
-    return ~jnp.all(jnp.isfinite(y))
-  local_bad = ~jnp.all(jnp.isfinite(flat))
-  residual = getattr(local, "residual", None)
-  if residual is not None:
-    local_bad |= ~jnp.all(jnp.isfinite(residual))
-  return jax.lax.pmax(local_bad.astype(jnp.int32), axis_name) > 0
+  codes = _apply_if_finite_code()
+  frame = inspect.currentframe()
+  while frame is not None:
+    if frame.f_code in codes:
+      raise ValueError(
+          "sync_gradients: optax.apply_if_finite wraps a gradient sync. It decides on each "
+          "device's own gradient before the sync runs, so a device with a NaN would skip "
+          "the collectives the others wait in (a hang). The sync agrees on every device "
+          "itself: use nonfinite='skip' (the default), which zeroes that step's update "
+          "everywhere and keeps the residuals; wrap only optimizers that come after the "
+          "sync.")
+    frame = frame.f_back
 
 
 def _check_options(momentum, momentum_masking, clip_norm, axis_size) -> None:
@@ -230,9 +243,7 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     Distributed Training", ICLR 2018 (momentum correction, factor masking, local clipping,
     warm-up). Vogels et al., "PowerSGD", NeurIPS 2019 (dense start, ``start_powerSGD_iter``).
   """
-  if nonfinite not in NONFINITE_POLICIES:
-    raise ValueError(f"sync_gradients: nonfinite must be one of {NONFINITE_POLICIES}, got "
-                     f"{nonfinite!r}.")
+  nonfinite_policy.check_policy("sync_gradients", nonfinite)
   _check_options(momentum, momentum_masking, clip_norm, axis_size)
   unbound = levels.build(method, options, warmup_steps=warmup_steps)
   reaches_result = all(level.allreduce.nonfinite_reaches_result for level in unbound)
@@ -248,8 +259,15 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
                        f"different structures; use one density.")
     return all_levels[-1].allreduce.init(n=n, dtype=dtype, p=p)
 
+  # The float leaf shapes init has seen: the state holds one flat vector, so gradients of
+  # another structure with the same total size would silently mix entries of other leaves.
+  # Validation memory only; nothing computed depends on it.
+  initialized_for: set[tuple] = set()
+
   def init_fn(params):
+    _refuse_apply_if_finite()
     leaves, dtype = _float_leaves(params)
+    initialized_for.add(tuple(tuple(x.shape) for x in leaves))
     n = sum(int(np.prod(x.shape)) for x in leaves)
     lead, p = _devices(axis_name, axis_size)
 
@@ -270,9 +288,11 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
 
   def update_fn(updates, state, params=None):
     del params
+    _refuse_apply_if_finite()
     if not isinstance(state, SyncState):
       raise TypeError(f"sync_gradients: state must be the SyncState from init, got "
                       f"{type(state).__name__}.")
+    p = bound_axis_size(axis_name, who="sync_gradients: update")
     for leaf in jax.tree.leaves(state):
       if leaf.shape[:1] != (1,):
         raise ValueError(
@@ -285,15 +305,22 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
     leaves, treedef = jax.tree.flatten(updates)
     is_float = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
     floats, dtype = _float_leaves(updates)
+    shapes = tuple(tuple(x.shape) for x in floats)
+    if initialized_for and shapes not in initialized_for:
+      raise ValueError(f"sync_gradients: the gradients' float leaves have the shapes {shapes}, "
+                       f"but init saw {sorted(initialized_for)}; init with the same params.")
     all_levels = levels.for_leaves(unbound, [x.shape for x in floats])
     local = jax.tree.map(lambda a: a[0], state.method_state)
     flat = flat_vector.concat(floats, dtype)
     n = sum(x.size for x in floats)
+    expected = jax.eval_shape(lambda: fresh_state(all_levels, n, dtype, p))
+    if jax.tree.structure(local) != jax.tree.structure(expected) or any(
+        a.shape != b.shape for a, b in zip(jax.tree.leaves(local), jax.tree.leaves(expected))):
+      raise ValueError(
+          f"sync_gradients: the state does not fit {method!r} for {n} float entries (it holds "
+          f"{type(local).__name__} with shapes {[a.shape for a in jax.tree.leaves(local)]}); "
+          f"init it with this transformation and the same params.")
     residual = getattr(local, "residual", None)
-    if residual is not None and residual.shape != (n,):
-      raise ValueError(f"sync_gradients: the gradients have {n} float entries but the state "
-                       f"was initialized for {residual.shape[0]}; init with the same params.")
-    p = jax.lax.axis_size(axis_name)
     itemsize = np.dtype(dtype).itemsize
     if clip_norm is not None:
       norm = jnp.linalg.norm(flat.astype(jnp.float32))
@@ -323,13 +350,12 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
       local = jax.tree.map(lambda a, b: jnp.where(entering, a, b), fresh, local)
       y, new_local, bytes_sent, h = jax.lax.switch(
           index, [functools.partial(run, level) for level in all_levels], flat, local)
-    bad = _any_device_nonfinite(reaches_result, flat, local, y, axis_name)
+    bad = nonfinite_policy.any_device(reaches_result, flat, local, y, axis_name)
     if momentum is not None and momentum_masking:
       sparse = ~jnp.asarray([level.dense for level in all_levels])[index]
       velocity = jnp.where(sparse & (y != 0), jnp.zeros_like(velocity), velocity)
     if nonfinite == "skip":
-      y = jnp.where(bad, jnp.zeros_like(y), y)
-      new_local = jax.tree.map(lambda new, old: jnp.where(bad, old, new), new_local, local)
+      y, new_local = nonfinite_policy.skip_if(bad, y, new_local, local)
       if velocity is not None:
         velocity = jnp.where(bad, state.velocity[0], velocity)
     residual = getattr(new_local, "residual", None)
