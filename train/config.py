@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from spardl_jax import methods
+
+
+# Argument types of the command lines (train, train.convergence, train.time_to_accuracy).
+def bounded(kind, low, *, above: bool = False, what: str = ""):
+  """An argparse type: ``kind`` values ``>= low`` (``> low`` with ``above``) and finite."""
+  def parse(text):
+    try:
+      value = kind(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{text!r} is not {what or kind.__name__}") from None
+    if value != value or value in (float("inf"), float("-inf")) or value < low or (
+        above and value == low):
+      raise argparse.ArgumentTypeError(
+          f"must be {'>' if above else '>='} {low}{' and finite' if kind is float else ''}, "
+          f"got {text}")
+    return value
+  parse.__name__ = what or kind.__name__
+  return parse
+
+
+POSITIVE_INT = bounded(int, 1, what="a positive int")
+NON_NEGATIVE_INT = bounded(int, 0, what="an int >= 0")
+POSITIVE_FLOAT = bounded(float, 0.0, above=True, what="a positive number")
+NON_NEGATIVE_FLOAT = bounded(float, 0.0, what="a number >= 0")
 
 
 class Tuning(NamedTuple):

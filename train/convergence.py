@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from train.config import RECIPES, TrainConfig, Variant, recipe_tuning
+from train.config import POSITIVE_INT, RECIPES, TrainConfig, Variant, recipe_tuning
 
 CASES: dict[str, TrainConfig] = {
     "mnist1d_cnn1d": TrainConfig(model="cnn1d", dataset="mnist1d", epochs=30),
@@ -91,7 +91,8 @@ def _parse_args(argv):
                  help=f"comma list of {', '.join(VARIANT_KEYS)} or all (dense always runs: "
                       "it sets the target)")
   p.add_argument("--seeds", default="0,1", help="comma list of seeds")
-  p.add_argument("--devices", type=int, default=8)
+  p.add_argument("--devices", type=POSITIVE_INT, default=8,
+                 help="simulated devices; must divide every chosen case's batch size")
   p.add_argument("--out", default="convergence_out")
   p.add_argument("--report", default=None, metavar="DIR[,DIR...]",
                  help="train nothing: write the table and plot of earlier runs' "
@@ -110,7 +111,31 @@ def _parse_args(argv):
     args.seeds = [int(s) for s in args.seeds.split(",")]
   except ValueError:
     p.error(f"--seeds: expected a comma list of ints, got {args.seeds!r}")
+  misfit = [c for c in args.cases if CASES[c].batch_size % args.devices]
+  if misfit and not args.report:
+    p.error(f"--devices {args.devices} does not divide the batch size of "
+            f"{', '.join(f'{c} ({CASES[c].batch_size})' for c in misfit)}")
   return args
+
+
+def read_report(directory: str) -> dict:
+  """The ``results.json`` a convergence run wrote under ``directory``; a ValueError naming
+  the directory when there is none or it holds another tool's results."""
+  path = os.path.join(directory, "results.json")
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except FileNotFoundError:
+    raise ValueError(f"--report: no {path} (a directory python -m train.convergence wrote "
+                     f"with --out)") from None
+  except (OSError, json.JSONDecodeError) as error:
+    raise ValueError(f"--report: {path} cannot be read: {error}") from None
+  rows = saved.get("rows") if isinstance(saved, dict) else None
+  if not isinstance(rows, list) or not all(isinstance(r, dict) and {"case", "key", "curves"}
+                                           <= set(r) for r in rows):
+    raise ValueError(f"--report: {path} does not hold convergence results (another tool's, "
+                     f"such as python -m train.time_to_accuracy?)")
+  return saved
 
 
 def steps_to(history: list[dict], metric: str, target: float, steps_per_epoch: int):
@@ -217,11 +242,18 @@ def write(out: str, rows: list[dict], meta: dict) -> str:
 
 def main(argv=None) -> int:
   args = _parse_args(argv)
+  try:
+    return run(args)
+  except ValueError as error:  # a bad report directory, a case that does not fit the devices
+    print(f"python -m train.convergence: error: {error}", file=sys.stderr)
+    return 2
+
+
+def run(args) -> int:
   if args.report:
     rows, meta = [], {}
     for directory in args.report.split(","):
-      with open(os.path.join(directory, "results.json")) as f:
-        saved = json.load(f)
+      saved = read_report(directory)
       rows += saved.pop("rows")
       meta = saved
     print(write(args.out, rows, meta))

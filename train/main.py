@@ -14,7 +14,8 @@ import jax
 from models import MODELS, describe
 from spardl_jax.sync import methods
 from spardl_jax.sync.methods import parse_teams
-from train.config import RECIPES, TUNING, TrainConfig, parse_variant
+from train.config import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT,
+                          RECIPES, TUNING, TrainConfig, parse_variant)
 from train.data import DATASETS
 
 log = logging.getLogger("train")
@@ -23,29 +24,6 @@ SIMULATED_DEVICES = 8  # a single CPU process without --devices simulates this m
 
 class UsageError(ValueError):
   """A flag value the trainer cannot run with; printed as one line (``--debug``: a trace)."""
-
-
-def _bounded(kind, low, *, above: bool = False, what: str = ""):
-  """An argparse type: ``kind`` values ``>= low`` (``> low`` with ``above``) and finite."""
-  def parse(text):
-    try:
-      value = kind(text)
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"{text!r} is not {what or kind.__name__}") from None
-    if value != value or value in (float("inf"), float("-inf")) or value < low or (
-        above and value == low):
-      raise argparse.ArgumentTypeError(
-          f"must be {'>' if above else '>='} {low}{' and finite' if kind is float else ''}, "
-          f"got {text}")
-    return value
-  parse.__name__ = what or kind.__name__
-  return parse
-
-
-POSITIVE_INT = _bounded(int, 1, what="a positive int")
-NON_NEGATIVE_INT = _bounded(int, 0, what="an int >= 0")
-POSITIVE_FLOAT = _bounded(float, 0.0, above=True, what="a positive number")
-NON_NEGATIVE_FLOAT = _bounded(float, 0.0, what="a number >= 0")
 
 
 def _parse_args(argv):

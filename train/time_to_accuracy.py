@@ -42,6 +42,8 @@ import os
 import statistics
 import sys
 
+from train.config import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT
+
 DEFAULT_METHODS = ("dense,dense_bf16,powersgd:rank=4,powersgd:rank=16,spardl,oktopk,gtopk,topka,"
                    "topkdsa")
 RATES = "100mbit,1gbit,unshaped"
@@ -52,7 +54,7 @@ CASE = {"model": "mlp_wide", "dataset": "digits", "batch_size": 64, "lr": 0.05}
 def _parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m train.time_to_accuracy", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--processes", type=int, default=4)
+  p.add_argument("--processes", type=POSITIVE_INT, default=4)
   p.add_argument("--rates", default=RATES,
                  help=f"comma list of tc rates or 'unshaped' (default {RATES})")
   p.add_argument("--methods", default=DEFAULT_METHODS,
@@ -60,17 +62,17 @@ def _parse_args(argv):
                       "must be one (it sets the target)")
   p.add_argument("--model-size", default="full", choices=["full", "tiny"],
                  help="tiny: the same MLP at 3,466 parameters, for smoke runs")
-  p.add_argument("--epochs", type=int, default=20)
-  p.add_argument("--steps-per-epoch", type=int, default=11,
+  p.add_argument("--epochs", type=POSITIVE_INT, default=20)
+  p.add_argument("--steps-per-epoch", type=NON_NEGATIVE_INT, default=11,
                  help="steps between evaluations (default 11, half an epoch of digits; 0: "
                       "a whole epoch)")
   p.add_argument("--targets", default="0.95,0.98",
                  help="targets as fractions of dense's final test accuracy at the same rate, "
                       "comma separated (default 0.95,0.98)")
-  p.add_argument("--alpha", type=float, default=5e-4,
+  p.add_argument("--alpha", type=NON_NEGATIVE_FLOAT, default=5e-4,
                  help="modeled latency per round in seconds (default 0.5 ms)")
   p.add_argument("--seeds", default="0", help="comma list of seeds (default 0)")
-  p.add_argument("--timeout", type=float, default=3600, help="seconds per rate")
+  p.add_argument("--timeout", type=POSITIVE_FLOAT, default=3600, help="seconds per rate")
   p.add_argument("--local", action="store_true",
                  help="processes on 127.0.0.1: no namespaces, no shaping, no root")
   p.add_argument("--out", default="tta_out")
@@ -81,10 +83,6 @@ def _parse_args(argv):
   args.rates = [r for r in args.rates.split(",") if r]
   if "dense" not in args.methods:
     p.error(f"--methods must include 'dense' (it sets the target), got {args.methods}")
-  if args.processes < 1 or args.epochs < 1:
-    p.error("--processes and --epochs must be >= 1")
-  if args.steps_per_epoch < 0:
-    p.error(f"--steps-per-epoch must be >= 0 (0: a whole epoch), got {args.steps_per_epoch}")
   try:
     args.seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",")))
   except ValueError:
@@ -97,6 +95,8 @@ def _parse_args(argv):
     p.error(f"--targets must be a comma list of fractions in (0, 1], got {args.targets!r}")
   if args.local and args.rates != ["unshaped"]:
     p.error(f"--local cannot shape the network: use --rates unshaped, got {args.rates}")
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    p.error(f"--out {args.out!r} is a file, not a directory")
   return args
 
 
@@ -176,7 +176,16 @@ def summarize(args) -> list[dict]:
       print(f"no run for seed {seed} at {rate} ({path}): left out", file=sys.stderr)
       continue
     with open(path) as f:
-      finished[seed, rate] = {r["method"]: r for r in json.load(f)["runs"]}
+      saved = json.load(f)
+    devices = saved["config"].get("devices")
+    if devices != args.processes:  # rounds per step depend on it
+      raise ValueError(f"{path} was trained on {devices} processes: pass --processes "
+                       f"{devices}, got {args.processes}.")
+    finished[seed, rate] = {r["method"]: r for r in saved["runs"]}
+    missing = [spec for spec in args.methods if spec not in finished[seed, rate]]
+    if missing:
+      raise ValueError(f"{path} has no run of {missing}: it holds "
+                       f"{list(finished[seed, rate])}; pass those in --methods.")
   rows = []
   for seed, fraction, rate in ((s, f, r) for s in args.seeds for f in args.targets
                                for r in args.rates if (s, r) in finished):
@@ -333,7 +342,11 @@ def main(argv=None) -> int:
   args.out = os.path.abspath(args.out)
   if not args.report:
     run_rates(args)
-  rows = summarize(args)
+  try:
+    rows = summarize(args)
+  except ValueError as error:  # runs of another job under --out
+    print(f"python -m train.time_to_accuracy: error: {error}", file=sys.stderr)
+    return 2
   if not rows:
     print(f"no finished runs under {args.out} for seeds {args.seeds} at {args.rates}",
           file=sys.stderr)

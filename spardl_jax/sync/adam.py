@@ -27,11 +27,14 @@ class ScaleByFrozenAdamState(NamedTuple):
     count: () int32, the updates so far.
     mu: the first moment, the params' structure.
     nu: the second moment, frozen from ``freeze_step`` on.
+    nu_count: () int32, the updates that trained ``nu`` (its bias correction): those up to
+      ``freeze_step`` that were not zero everywhere.
   """
 
   count: jax.Array
   mu: optax.Updates
   nu: optax.Updates
+  nu_count: jax.Array
 
 
 def scale_by_frozen_adam(*, freeze_step: int, b1: float = 0.9, b2: float = 0.999,
@@ -43,10 +46,17 @@ def scale_by_frozen_adam(*, freeze_step: int, b1: float = 0.9, b2: float = 0.999
   ``mu`` goes on as usual (``b1=0``: no first moment, e.g. after a sync with DGC's
   momentum correction, which already delivers a momentum).
 
+  An update that is zero everywhere (what a sync returns for a step it skipped, see
+  ``nonfinite='skip'``) does not train ``nu``: ``nu`` and its bias-correction count stay
+  as they were, so the frozen ``nu`` is exactly the one of the warm-up without that step
+  (decaying it as Adam does would shrink the frozen value for the rest of the run: to about
+  0.7x after one skip in a 3-step warm-up).
+
   Args:
     freeze_step: updates that train ``nu`` (an int >= 1; the sync's dense warm-up).
     b1, b2: the moments' decay rates, in [0, 1).
-    eps: added to ``sqrt(nu_hat)``.
+    eps: added to ``sqrt(nu_hat)``, a finite number > 0 (coordinates a sparse sync never
+      delivered keep ``nu = 0``; ``eps = 0`` would divide 0 by 0 there).
 
   Returns:
     An ``optax.GradientTransformation`` with state :class:`ScaleByFrozenAdamState`.
@@ -60,23 +70,29 @@ def scale_by_frozen_adam(*, freeze_step: int, b1: float = 0.9, b2: float = 0.999
     raise ValueError(f"scale_by_frozen_adam: freeze_step must be an int >= 1, got "
                      f"{freeze_step!r}.")
   for name, value in (("b1", b1), ("b2", b2)):
-    if not isinstance(value, numbers.Real) or not 0 <= value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
       raise ValueError(f"scale_by_frozen_adam: {name} must be in [0, 1), got {value!r}.")
+  if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < float("inf"):
+    raise ValueError(f"scale_by_frozen_adam: eps must be a finite number > 0, got {eps!r}.")
 
   def init_fn(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
-    return ScaleByFrozenAdamState(jnp.zeros((), jnp.int32), zeros(), zeros())
+    return ScaleByFrozenAdamState(jnp.zeros((), jnp.int32), zeros(), zeros(),
+                                  jnp.zeros((), jnp.int32))
 
   def update_fn(updates, state, params=None):
     del params
     count = state.count + 1
-    training = count <= freeze_step
+    nonzero = jnp.any(jnp.asarray([jnp.any(g != 0) for g in jax.tree.leaves(updates)]))
+    training = (count <= freeze_step) & nonzero
+    nu_count = state.nu_count + training.astype(jnp.int32)
     mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
     nu = jax.tree.map(lambda v, g: jnp.where(training, b2 * v + (1 - b2) * g * g, v),
                       state.nu, updates)
     mu_scale = 1 / (1 - b1 ** count.astype(jnp.float32))
-    nu_scale = 1 / (1 - b2 ** jnp.minimum(count, freeze_step).astype(jnp.float32))
+    # Before any trained update nu is 0 (and so is mu): any finite scale gives 0.
+    nu_scale = 1 / (1 - b2 ** jnp.maximum(nu_count, 1).astype(jnp.float32))
     out = jax.tree.map(lambda m, v: (m * mu_scale) / (jnp.sqrt(v * nu_scale) + eps), mu, nu)
-    return out, ScaleByFrozenAdamState(count, mu, nu)
+    return out, ScaleByFrozenAdamState(count, mu, nu, nu_count)
 
   return optax.GradientTransformation(init_fn, update_fn)

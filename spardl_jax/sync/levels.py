@@ -121,14 +121,14 @@ def density_warmup(target: float, *, steps: int, start: float = 0.25, factor: fl
     Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
     Distributed Training", ICLR 2018, Section 3.3 (warm-up training).
   """
-  if not (isinstance(target, numbers.Real) and 0 < target <= 1):
+  if isinstance(target, bool) or not (isinstance(target, numbers.Real) and 0 < target <= 1):
     raise ValueError(f"density_warmup: target must be in (0, 1], got {target!r}.")
   if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
     raise ValueError(f"density_warmup: steps must be an int >= 1, got {steps!r}.")
   if not (isinstance(start, numbers.Real) and target <= start <= 1):
     raise ValueError(f"density_warmup: start must be in [target, 1], got {start!r}.")
-  if not (isinstance(factor, numbers.Real) and factor > 1):
-    raise ValueError(f"density_warmup: factor must be > 1, got {factor!r}.")
+  if not (isinstance(factor, numbers.Real) and 1 < factor < math.inf):
+    raise ValueError(f"density_warmup: factor must be a finite number > 1, got {factor!r}.")
   if isinstance(at, bool) or not isinstance(at, numbers.Integral) or at < 0:
     raise ValueError(f"density_warmup: at must be an int >= 0, got {at!r}.")
   densities = [float(start)]
