@@ -17,6 +17,7 @@ from spardl_jax.core import schedule
 from spardl_jax.core.allreduce import SparDLState, init_state, spardl_allreduce
 from spardl_jax.core.config import BlockLayout, SparDLConfig
 from spardl_jax.parallel import distributed
+from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
 from spardl_jax.sync.levels import density_warmup
 from spardl_jax.sync.adam import ScaleByFrozenAdamState, scale_by_frozen_adam
@@ -33,6 +34,7 @@ __all__ = (
     "ScaleByFrozenAdamState",
     "SyncState",
     "SyncStats",
+    "bounded_dispatch",
     "density_warmup",
     "distributed",
     "init_opt_state",

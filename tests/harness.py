@@ -83,6 +83,14 @@ def compiled_method(p, method):
   return sj.methods.sharded(method, mesh(p), AXIS)
 
 
+def nonfinite_agreement(method):
+  """The collectives `methods.sharded`'s default nonfinite='skip' adds to `method`'s program:
+  one int32 scalar pmax where a NaN may stay out of the result, none where it always reaches
+  it (the result then tells every device)."""
+  return [] if method.nonfinite_reaches_result else [
+      ("all-reduce", (sj.traffic.ArrayType("s32", ()),))]
+
+
 def method_rows(p, n, method, dtype=jnp.float32):
   """The method's initial state for P devices, sharded over its leading axis."""
   return put(p, sj.methods.init_rows(method, p, n, dtype))
@@ -118,3 +126,20 @@ def assert_conserved(xs, rs, ys, new_rs):
   total_out = new_rs.astype(np.float64).sum(0) + p * ys[0].astype(np.float64)
   scale = np.abs(xs).sum(0) + np.abs(rs).sum(0) + 1
   np.testing.assert_array_less(np.abs(total_out - total_in), 1e-5 * scale)
+
+
+def update_fn(tx, p, params):
+  """jit(shard_map(tx.update)) over (P, ...) gradients; returns device 0's updates."""
+  mesh_ = mesh(p)
+  specs = sj.opt_state_specs(tx, params, mesh_)
+
+  def step(grads, state):
+    return tx.update(jax.tree.map(lambda g: g[0], grads), state, params)
+
+  return jax.jit(jax.shard_map(step, mesh=mesh_, in_specs=(P(AXIS), specs),
+                               out_specs=(P(), specs), check_vma=False))
+
+
+def put_rows(p, tree):
+  """Every leaf of `tree` sharded over its leading (device) axis, as jax.device_put does."""
+  return jax.device_put(tree, NamedSharding(mesh(p), P(AXIS)))

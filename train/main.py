@@ -160,7 +160,6 @@ def run(args) -> int:
   if args.checkpoint_every and not args.checkpoint:
     raise UsageError("--checkpoint-every saves inside an epoch, which needs --checkpoint.")
   variants = _variants(args)
-  _check_writable(args.out)
   logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
   log.setLevel(logging.INFO)
   from spardl_jax import distributed
@@ -191,6 +190,7 @@ def run(args) -> int:
   if cfg.batch_size % mesh.size:
     raise UsageError(f"--batch-size ({cfg.batch_size}) must be a multiple of the "
                      f"{mesh.size} devices.")
+  _check_writable(cfg.out)
   ds = data.load(cfg.dataset, data_request(cfg))
   log.info("%s: %d train / %d test examples; %s on %d %s devices; methods: %s", ds.name,
            len(ds.train), len(ds.test), cfg.model, mesh.size,

@@ -428,8 +428,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
     if at.done >= steps:  # an epoch-end checkpoint: start the next epoch
       at = _Position.start(at.epoch + 1)
   loop = _Loop(variant.label, total=(cfg.epochs - at.epoch + 1) * steps - at.done,
-               log_every=cfg.log_every, progress=progress,
-               wait_each_step=_rendezvous_hazard(mesh))
+               log_every=cfg.log_every, progress=progress)
   sent = history[-1]["bytes_sent"] if history else 0.0
   clock = history[-1].get("train_seconds", 0.0) if history else 0.0
   for epoch in range(at.epoch, cfg.epochs + 1):
@@ -494,26 +493,17 @@ class _Position(NamedTuple):
     return cls(epoch, 0, [], None)
 
 
-def _rendezvous_hazard(mesh: jax.sharding.Mesh) -> bool:
-  """Several CPU devices in one process can deadlock in a collective's rendezvous when steps
-  are dispatched ahead (JAX_NOTES): there, and only there, each step is waited for."""
-  local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-  return local[0].platform == "cpu" and len(local) > 1
-
-
 class _Loop:
   """The train loop's bookkeeping: compile once (reported on its own line), dispatch steps
-  without fetching anything, and fetch the metrics of a whole log interval at once.
+  without fetching anything (at most a few ahead on simulated CPU devices, see
+  :func:`spardl_jax.bounded_dispatch`), and fetch the metrics of a whole log interval at once.
 
-  Step times: with ``wait_each_step`` each step is timed from after its batch was placed
-  until its result is ready; otherwise a log interval's wall time is spread over its steps
-  (dispatch runs ahead, so per-step timing would only measure the dispatch).
+  Step times: a log interval's wall time is spread over its steps (dispatch runs ahead, so
+  timing each call would only measure the dispatch).
   """
 
-  def __init__(self, label: str, *, total: int, log_every: int, progress: bool,
-               wait_each_step: bool):
+  def __init__(self, label: str, *, total: int, log_every: int, progress: bool):
     self.label, self.total, self.log_every = label, total, log_every
-    self.wait_each_step = wait_each_step
     self.interactive = progress and jax.process_index() == 0 and sys.stderr.isatty()
     self.logging = jax.process_index() == 0  # one process logs
     self.quiet = not progress or not self.logging  # no bar or step lines
@@ -524,7 +514,7 @@ class _Loop:
 
   def compile(self, train, state, batch) -> None:
     start = time.perf_counter()
-    self.step_fn = train.lower(state, batch).compile()
+    self.step_fn = sj.bounded_dispatch(train.lower(state, batch).compile())
     self.compile_seconds = time.perf_counter() - start
     self.log(f"train step compiled in {self.compile_seconds:.1f} s")
     if self.interactive:  # after the compile, so the bar's rate and ETA are real
@@ -532,11 +522,7 @@ class _Loop:
     self.interval_start = time.perf_counter()
 
   def step(self, state, batch, epoch: int):
-    start = time.perf_counter()
     state, metrics = self.step_fn(state, batch)
-    if self.wait_each_step:
-      jax.block_until_ready(state)
-      self.times.append(time.perf_counter() - start)
     self.pending.append(metrics)
     if len(self.pending) >= self.log_every:
       self._drain(epoch)
@@ -549,8 +535,7 @@ class _Loop:
     rows = np.array([[_host(m.loss), _host(m.metric), _host(m.bytes_sent)[0]]
                      for m in self.pending], np.float64)
     now = time.perf_counter()
-    if not self.wait_each_step:
-      self.times += [(now - self.interval_start) / len(rows)] * len(rows)
+    self.times += [(now - self.interval_start) / len(rows)] * len(rows)
     self.interval_start = now
     self.epoch_rows.append(rows)
     self.last_bytes = rows[-1, 2]

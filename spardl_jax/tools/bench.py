@@ -103,6 +103,19 @@ def _parse_args(argv):
   args = parser.parse_args(argv)
   if args.repeats < 1:
     parser.error("--repeats must be >= 1")
+  if not 0 < args.density <= 1:  # also NaN
+    parser.error(f"--density must be in (0, 1], got {args.density}")
+  for flag in ("alpha", "beta", "max_memory_gb"):
+    if not 0 < getattr(args, flag) < float("inf"):
+      parser.error(f"--{flag.replace('_', '-')} must be a positive, finite number, got "
+                   f"{getattr(args, flag)}")
+  text = args.densities
+  try:
+    args.densities = [float(d) for d in text.split(",")]
+  except ValueError:
+    args.densities = []
+  if not args.densities or not all(0 < d <= 1 for d in args.densities):
+    parser.error(f"--densities must be a comma list of numbers in (0, 1], got {text!r}")
   args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
   unknown = sorted(set(args.methods) - set(METHODS))
   if unknown:
@@ -315,11 +328,10 @@ def run_selection(args) -> list[dict]:
       return "count"
     return "sort_one_stage" if topk.chunk_size(n, k) == 1 else "sort"
 
-  densities = [float(d) for d in args.densities.split(",")]
   rows = []
   for n in args.n:
     x = jax.random.normal(jax.random.key(args.seed), (n,), jnp.float32)
-    for density in densities:
+    for density in args.densities:
       k = max(1, int(np.ceil(density * n)))
       row = {"n": n, "density": density, "k": k, "backend": jax.default_backend(),
              "default": default(n, k)}

@@ -10,7 +10,6 @@ import pytest
 
 import spardl_jax as sj
 from tests import formulas, harness
-from tests.sync.test_transform import put_rows, update_fn
 
 SHAPES = ((6, 5), (3, 4, 2), (5,), (20, 12))
 
@@ -72,8 +71,10 @@ def test_matches_numpy_model_and_conserves_the_error_mass(p):
     first = 6 * 2 + 3 * 2 + 20 * 2 + 5
     second = 5 * 2 + 8 * 2 + 12 * 2
     assert not hlo.permutes
-    assert sorted(c.elements for c in hlo.others if c.op == "all-reduce") == sorted(
-        [first, second])
+    agreement = [c.operands for c in hlo.others if c.elements == 1]
+    assert agreement == [operands for _, operands in harness.nonfinite_agreement(m)]
+    assert sorted(c.elements for c in hlo.others
+                  if c.op == "all-reduce" and c.elements > 1) == sorted([first, second])
     assert m.formula(p=p, n=N, itemsize=4)["bytes"] == (formulas.dense(p, first)["bytes"] +
                                                         formulas.dense(p, second)["bytes"])
 
@@ -86,12 +87,12 @@ def test_full_rank_on_a_small_model_equals_dense():
             "bias": jnp.zeros((5,))}
   tx = sj.powersgd(rank=20, start_iter=1, min_compression_rate=0.01)
   state = sj.init_opt_state(tx, params, harness.mesh(p))
-  f = update_fn(tx, p, params)
+  f = harness.update_fn(tx, p, params)
   rng = np.random.default_rng(0)
   for _ in range(3):
     grads = {k: jnp.asarray(rng.standard_normal((p, *v.shape)), jnp.float32)
              for k, v in params.items()}
-    updates, state = f(put_rows(p, grads), state)
+    updates, state = f(harness.put_rows(p, grads), state)
     for k in params:
       np.testing.assert_allclose(updates[k], np.asarray(grads[k]).mean(0), rtol=1e-4,
                                  atol=1e-5)
@@ -106,7 +107,7 @@ def test_low_rank_differs_from_dense_and_keeps_the_rest():
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   grads = {"w": jnp.asarray(np.random.default_rng(1).standard_normal((p, 16, 16)),
                             jnp.float32)}
-  updates, state = update_fn(tx, p, params)(put_rows(p, grads), state)
+  updates, state = harness.update_fn(tx, p, params)(harness.put_rows(p, grads), state)
   mean = np.asarray(grads["w"]).mean(0)
   assert np.linalg.matrix_rank(np.asarray(updates["w"]), tol=1e-4) == 1
   residual = np.asarray(state.method_state.residual).reshape(p, 16, 16)

@@ -9,7 +9,6 @@ import pytest
 
 import spardl_jax as sj
 from tests import formulas, harness, reference
-from tests.sync.test_transform import put_rows, update_fn
 
 N = 300
 
@@ -24,9 +23,9 @@ def run(tx, grads_per_step, p):
   stats) after each step."""
   params = {"w": jnp.zeros((N,))}
   state = sj.init_opt_state(tx, params, harness.mesh(p))
-  f = update_fn(tx, p, params)
+  f = harness.update_fn(tx, p, params)
   for g in grads_per_step:
-    updates, state = f(put_rows(p, {"w": jnp.asarray(g)}), state)
+    updates, state = f(harness.put_rows(p, {"w": jnp.asarray(g)}), state)
     sync = state if isinstance(state, sj.SyncState) else state[0]  # first in a chain
     velocity = None if sync.velocity is None else np.asarray(sync.velocity)
     yield (np.asarray(updates["w"]), np.asarray(sync.method_state.residual), velocity,
@@ -149,13 +148,13 @@ def test_levels_compile_once_and_count_their_bytes():
   tx = sj.spardl(density=schedule, warmup_steps=2)
   params = {"w": jnp.zeros((N,))}
   state = sj.init_opt_state(tx, params, harness.mesh(p))
-  f = update_fn(tx, p, params)
+  f = harness.update_fn(tx, p, params)
   grads = rows(np.random.default_rng(0), p, 6)
   want = [(1.0, formulas.dense(p, N)["bytes"])] * 2 + [
       (d, formulas.spardl(p, N, d, wire="compact")["bytes"])
       for d in (0.0625, 0.01, 0.01, 0.01)]
   for g, (density, nbytes) in zip(grads, want):
-    _, state = f(put_rows(p, {"w": jnp.asarray(g)}), state)
+    _, state = f(harness.put_rows(p, {"w": jnp.asarray(g)}), state)
     np.testing.assert_allclose(state.stats.density, density)
     np.testing.assert_array_equal(state.stats.bytes_sent, nbytes)
   assert f._cache_size() == 1

@@ -30,22 +30,6 @@ def local_grads(rng, p, params):
   return jax.tree.map(one, params)
 
 
-def update_fn(tx, p, params):
-  """jit(shard_map(tx.update)) over (P, ...) gradients; returns device 0's updates."""
-  mesh = harness.mesh(p)
-  specs = sj.opt_state_specs(tx, params, mesh)
-
-  def step(grads, state):
-    return tx.update(jax.tree.map(lambda g: g[0], grads), state, params)
-
-  return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(AXIS), specs),
-                               out_specs=(P(), specs), check_vma=False))
-
-
-def put_rows(p, tree):
-  return jax.device_put(tree, NamedSharding(harness.mesh(p), P(AXIS)))
-
-
 @pytest.mark.parametrize("p", [3, 4])
 def test_matches_numpy_model_on_flattened_leaves(p):
   """Float leaves flattened in tree order (promoted to float32), reduced as one vector,
@@ -54,13 +38,13 @@ def test_matches_numpy_model_on_flattened_leaves(p):
   tx = sj.spardl(density=0.1)
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   grads = local_grads(np.random.default_rng(p), p, params)
-  f = update_fn(tx, p, params)
+  f = harness.update_fn(tx, p, params)
   # Float leaves in tree order, promoted to float32.
   flat = np.concatenate([np.asarray(grads["a"], np.float32).reshape(p, -1),
                          np.asarray(grads["b"], np.float32).reshape(p, -1)], axis=1)
   rs = np.zeros_like(flat)
   for _ in range(2):  # Same gradients twice: the second step adds the residuals.
-    updates, state = f(put_rows(p, grads), state)
+    updates, state = f(harness.put_rows(p, grads), state)
     y, new_rs = reference.spardl(flat, rs, 0.1, wire="compact")  # the default format
     np.testing.assert_allclose(np.asarray(updates["a"]).reshape(-1), y[:35], rtol=1e-6,
                                atol=1e-7)
@@ -79,7 +63,7 @@ def test_density_one_is_pmean_and_stats():
   tx = sj.spardl(density=1.0, wire="exact")  # exact: it must equal pmean
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   grads = local_grads(np.random.default_rng(0), p, params)
-  updates, state = update_fn(tx, p, params)(put_rows(p, grads), state)
+  updates, state = harness.update_fn(tx, p, params)(harness.put_rows(p, grads), state)
   for k in params:
     np.testing.assert_allclose(updates[k], np.asarray(grads[k]).mean(0), rtol=1e-5, atol=1e-6)
   stats = state.stats
@@ -93,9 +77,9 @@ def test_stats_bytes_equal_the_compiled_traffic():
   tx = sj.spardl(density=0.01)
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   grads = local_grads(np.random.default_rng(1), p, params)
-  f = update_fn(tx, p, params)
-  _, state = f(put_rows(p, grads), state)
-  hlo = sj.traffic.parse_hlo(f.lower(put_rows(p, grads), state).compile().as_text())
+  f = harness.update_fn(tx, p, params)
+  _, state = f(harness.put_rows(p, grads), state)
+  hlo = sj.traffic.parse_hlo(f.lower(harness.put_rows(p, grads), state).compile().as_text())
   np.testing.assert_array_equal(state.stats.bytes_sent, hlo.bytes_sent(0))
   kb = sj.BlockLayout.make(n, p, 0.01).kb
   assert 0 < int(np.asarray(state.stats.selected)[0]) <= p * kb
@@ -109,11 +93,11 @@ def test_state_structure_and_dtypes_are_stable_and_jit_does_not_recompile():
   schedule = optax.linear_schedule(0.1, 0.01, transition_steps=10)
   tx = optax.chain(sj.spardl(density=0.05), optax.sgd(schedule, momentum=0.9))
   state = sj.init_opt_state(tx, params, harness.mesh(p))
-  f = update_fn(tx, p, params)
+  f = harness.update_fn(tx, p, params)
   before = jax.tree.map(lambda a: (a.shape, a.dtype), state)
   rng = np.random.default_rng(0)
   for _ in range(3):
-    _, state = f(put_rows(p, local_grads(rng, p, params)), state)
+    _, state = f(harness.put_rows(p, local_grads(rng, p, params)), state)
   after = jax.tree.map(lambda a: (a.shape, a.dtype), state)
   assert jax.tree.structure(before) == jax.tree.structure(after)
   assert jax.tree.leaves(before) == jax.tree.leaves(after)
@@ -133,13 +117,13 @@ def test_multisteps_accumulates_locally_and_syncs_once():
   assert state.acc_grads["w"].shape == (p * 64, 8)
   rng = np.random.default_rng(5)
   micro = [local_grads(rng, p, params) for _ in range(k)]
-  f = update_fn(multi, p, params)
+  f = harness.update_fn(multi, p, params)
   for i, grads in enumerate(micro):
-    updates, state = f(put_rows(p, grads), state)
+    updates, state = f(harness.put_rows(p, grads), state)
     if i < k - 1:
       assert not np.any(np.asarray(updates["w"]))
   mean = jax.tree.map(lambda *g: sum(g) / k, *micro)
-  want, _ = update_fn(inner, p, params)(put_rows(p, mean), sj.init_opt_state(inner, params, mesh))
+  want, _ = harness.update_fn(inner, p, params)(harness.put_rows(p, mean), sj.init_opt_state(inner, params, mesh))
   for key in params:
     np.testing.assert_allclose(updates[key], want[key], rtol=1e-5, atol=1e-6)
 
@@ -164,7 +148,7 @@ def test_dense_method_is_pmean():
   tx = sj.sync_gradients("dense")
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   grads = local_grads(np.random.default_rng(2), p, params)
-  updates, state = update_fn(tx, p, params)(put_rows(p, grads), state)
+  updates, state = harness.update_fn(tx, p, params)(harness.put_rows(p, grads), state)
   np.testing.assert_allclose(updates["w"], np.asarray(grads["w"]).mean(0), rtol=1e-6)
   assert float(np.asarray(state.stats.bytes_sent)[0]) == 2 * 2 * 22 * 4 // 3
 
@@ -210,8 +194,8 @@ def test_a_nonfinite_step_is_skipped_on_every_device(name, p, options):
   rng = np.random.default_rng(p)
   good = [local_grads(rng, p, params) for _ in range(2)]
   state = sj.init_opt_state(tx, params, harness.mesh(p))
-  f = update_fn(tx, p, params).lower(put_rows(p, good[0]), state).compile()
-  updates, state = f(put_rows(p, good[0]), state)
+  f = harness.update_fn(tx, p, params).lower(harness.put_rows(p, good[0]), state).compile()
+  updates, state = f(harness.put_rows(p, good[0]), state)
   before = state
   # Every method's reported bytes are what its compiled program sends, device by device.
   hlo = sj.traffic.parse_hlo(f.as_text())
@@ -225,15 +209,15 @@ def test_a_nonfinite_step_is_skipped_on_every_device(name, p, options):
   for device, value in ((p - 1, np.nan), (0, np.inf)):
     bad = jax.tree.map(np.array, good[1])
     bad["w"][device, 2, 3] = value
-    updates, state = f(put_rows(p, bad), state)
+    updates, state = f(harness.put_rows(p, bad), state)
     for leaf in jax.tree.leaves(updates):
       np.testing.assert_array_equal(np.asarray(leaf), 0)
     for got, want in zip(jax.tree.leaves(state.method_state),
                          jax.tree.leaves(before.method_state)):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   np.testing.assert_array_equal(np.asarray(state.stats.nonfinite), [2] * p)
-  updates, _ = f(put_rows(p, good[1]), state)
-  want, _ = f(put_rows(p, good[1]), before)
+  updates, _ = f(harness.put_rows(p, good[1]), state)
+  want, _ = f(harness.put_rows(p, good[1]), before)
   for got, expected in zip(jax.tree.leaves(updates), jax.tree.leaves(want)):
     assert np.all(np.isfinite(np.asarray(got)))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
@@ -246,7 +230,7 @@ def test_propagate_keeps_what_the_allreduce_computed():
   grads = local_grads(np.random.default_rng(0), p, params)
   grads = {"w": np.asarray(grads["w"]).copy()}
   grads["w"][1, 5] = np.nan
-  updates, state = update_fn(tx, p, params)(put_rows(p, grads),
+  updates, state = harness.update_fn(tx, p, params)(harness.put_rows(p, grads),
                                            sj.init_opt_state(tx, params, harness.mesh(p)))
   assert np.isnan(np.asarray(updates["w"])[5])
   np.testing.assert_array_equal(np.asarray(state.stats.nonfinite), [1] * p)

@@ -1,6 +1,6 @@
-"""Checkpoints that survive crashes: unreadable checkpoints are skipped for the newest good
-one, a writer killed mid-save leaves no half checkpoint, and a checkpoint of another state
-is a clear error naming the leaf and both shapes."""
+"""Checkpoints that survive crashes: unreadable checkpoints are moved aside for the newest
+good one and never cost a good one, a writer killed mid-save leaves no half checkpoint, and
+a checkpoint of another state is a clear error naming the leaf and both shapes."""
 
 import os
 import signal
@@ -47,29 +47,85 @@ def restore(directory, **shape):
     mgr.close()
 
 
-def test_a_junk_step_folder_is_skipped_for_the_newest_good_checkpoint(tmp_path, caplog):
-  write(tmp_path, [1, 2])
-  junk = tmp_path / "3"
-  junk.mkdir()
-  (junk / "state").write_text("not a checkpoint")
-  step, state, history = restore(tmp_path)
-  assert step == 2 and history == [{"epoch": 2}]
-  np.testing.assert_array_equal(np.asarray(state["params"]), 2.0)
-  assert "checkpoint 3" in caplog.text and "skipped" in caplog.text
+def _data_files(step_dir):
+  return [os.path.join(d, f) for d, _, fs in os.walk(step_dir / "state") for f in fs
+          if os.path.basename(d) == "d"]  # the array data files
 
 
-def test_a_corrupted_file_is_skipped_for_the_older_checkpoint(tmp_path, caplog):
-  write(tmp_path, [1, 2])
-  files = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "2" / "state") for f in fs
-           if os.path.basename(d) == "d"]  # the array data files
-  assert files
-  for path in files:  # every data file of the newest checkpoint
+def _corrupt(step_dir):
+  for path in _data_files(step_dir):
     with open(path, "r+b") as f:
       f.write(b"\xff" * os.path.getsize(path))
-  step, state, _ = restore(tmp_path)
-  assert step == 1
-  np.testing.assert_array_equal(np.asarray(state["opt"]["residual"]), 1.0)
-  assert "checkpoint 2" in caplog.text and "skipped" in caplog.text
+
+
+def _truncate(step_dir):
+  for path in _data_files(step_dir):
+    os.truncate(path, os.path.getsize(path) // 3)
+
+
+def _junk_file(step_dir):
+  (step_dir / "state" / "manifest.ocdbt").write_bytes(b"junk")
+
+
+def _junk_step_folder(step_dir):  # a newer step of another shape: an empty state/
+  (step_dir.parent / "98" / "state").mkdir(parents=True)
+
+
+def _junk_step_folder_with_a_file(step_dir):
+  (step_dir.parent / "98" / "state").mkdir(parents=True)
+  (step_dir.parent / "98" / "state" / "junk").write_text("junk")
+
+
+def _junk_step_folder_state_a_file(step_dir):  # a stray copy outside Orbax's atomic rename
+  (step_dir.parent / "98").mkdir()
+  (step_dir.parent / "98" / "state").write_text("not a checkpoint")
+
+
+JUNK_FOLDERS = (_junk_step_folder, _junk_step_folder_with_a_file, _junk_step_folder_state_a_file)
+FAULTS = [_corrupt, _truncate, _junk_file, *JUNK_FOLDERS]
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.__name__.strip("_"))
+def test_no_good_checkpoint_is_lost_for_a_bad_one(tmp_path, caplog, fault):
+  """Good checkpoints 5 and 10 (``max_to_keep=2``), then a fault on the newest (or a junk
+  newer folder). The restore falls back to the newest good one and moves the bad folder
+  aside; training on saves the next steps as the trainer would, and every checkpoint left
+  is good: none was deleted while a bad one was kept, the bad one is under unreadable/."""
+  mgr = checkpoint.manager(tmp_path, max_to_keep=2)
+  for step in (5, 10):
+    checkpoint.save(mgr, step, make_state(float(step)), [{"epoch": step}])
+  mgr.close()
+  fault(tmp_path / "10")
+  broken = sorted(set(os.listdir(tmp_path)) - {"5"} - ({"10"} if fault in JUNK_FOLDERS
+                                                        else set()))
+  mgr = checkpoint.manager(tmp_path, max_to_keep=2)
+  step, state, _ = checkpoint.restore_latest(mgr, make_state(0.0))
+  good = 10 if "10" not in broken else 5
+  assert step == good
+  np.testing.assert_array_equal(np.asarray(state["opt"]["residual"]), float(good))
+  assert f"checkpoint {broken[0]} in" in caplog.text and "moved to" in caplog.text
+  assert sorted(os.listdir(tmp_path / checkpoint.UNREADABLE)) == broken
+  for next_step in range(good + 5, 25, 5):  # the resumed run saves its next checkpoints
+    checkpoint.save(mgr, next_step, make_state(float(next_step)), [{"epoch": next_step}])
+  mgr.close()
+  assert sorted(os.listdir(tmp_path)) == ["15", "20", checkpoint.UNREADABLE]
+  for kept in (20, 15):
+    mgr = checkpoint.manager(tmp_path)
+    restored = checkpoint.restore_latest(mgr, make_state(0.0))
+    mgr.close()
+    assert restored[0] == kept
+    np.testing.assert_array_equal(np.asarray(restored[1]["params"]), float(kept))
+    _corrupt(tmp_path / str(kept))  # next round: the older good one is still there
+  assert checkpoint.restore_latest(checkpoint.manager(tmp_path), make_state(0.0)) is None
+
+
+def test_a_skipped_save_is_an_error_not_a_silent_loss(tmp_path):
+  """Orbax returns quietly when asked to save a step at or below its latest one."""
+  mgr = checkpoint.manager(tmp_path)
+  checkpoint.save(mgr, 10, make_state(10.0), [])
+  with pytest.raises(checkpoint.CheckpointNotWritten, match="checkpoint 5 was not written"):
+    checkpoint.save(mgr, 5, make_state(5.0), [])
+  mgr.close()
 
 
 def test_another_train_state_names_the_leaves_on_one_side_only(tmp_path):

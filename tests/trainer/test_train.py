@@ -252,17 +252,94 @@ def test_redistribution_rules():
     (["--recipe", "fast"], "argument --recipe: invalid choice: 'fast'"),
     (["--batch-size", "100", "--devices", "8"], "--batch-size (100) must be a multiple of"),
     (["--dataset", "nosuch"], "--dataset must be one of"),
+    (["--checkpoint-every", "1"], "--checkpoint-every saves inside an epoch, which needs "
+                                  "--checkpoint."),
+    (["--compare", "spardl:freeze=3"], "'spardl:freeze=3': freeze (Adam's second moment "
+                                       "frozen) needs --optimizer adamw"),
+    (["--compare", "spardl:masking=0"], "masking (DGC's momentum factor masking) needs "
+                                        "momentum=M"),
+    (["--compare", "spardl:warmup=1:warmup=0"], "warmup given more than once"),
+    (["--compare", "spardl:density=0.1:density=0.2"], "density given more than once"),
+    (["--compare", "spardl,spardl", "--checkpoint"], "--compare lists 'spardl' more than once"),
+    # Options that fit only some device counts or methods fail before the first variant trains.
+    (["--compare", "dense,spardl", "--teams", "3"],
+     "--compare 'spardl': SparDLConfig: teams=3 does not divide the 8 workers"),
+    (["--compare", "dense,spardl:teams=3"], "teams=3 does not divide the 8 workers"),
+    (["--compare", "dense,dense:ramp=2"], "ramp (a density warm-up) needs a sparse method with "
+                                          "a density; 'dense' has none"),
+    (["--compare", "dense,powersgd:ramp=2"], "'powersgd' has none"),
+    (["--compare", "dense,powersgd:seed=100000000000000000000000"],
+     "PowerSGDConfig: seed must be an int in [-2**63, 2**63)"),
 ])
-def test_bad_flags_fail_at_once_with_one_line(capsys, flags, message):
-  """Every flag is checked before any data is loaded or any step compiled; the error is one
-  line naming the flag and what is allowed (no traceback)."""
+def test_bad_flags_fail_at_once_with_one_line(capsys, tmp_path, flags, message):
+  """Every flag and variant is checked before any step runs; the error is one line naming
+  the flag and what is allowed (no traceback), and nothing is written."""
+  base = ["--dataset", "digits", "--model", "mlp", "--model-size", "tiny", "--devices", "8",
+          "--batch-size", "64", "--epochs", "1", "--steps-per-epoch", "1"]
   try:
-    code = main.main(flags + ["--no-progress", "--out", "/nonexistent/never-written"])
+    code = main.main(base + flags + ["--no-progress", "--out", str(tmp_path / "out")])
   except SystemExit as exit_:  # argparse's own checks
     code = exit_.code
   assert code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert message in err[-1] and "Traceback" not in "\n".join(err)
+  assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
+
+
+def test_an_unwritable_out_fails_before_training(capsys, tmp_path):
+  (tmp_path / "file").write_text("")
+  code = main.main(["--dataset", "digits", "--model", "mlp", "--model-size", "tiny",
+                    "--no-progress", "--out", str(tmp_path / "file" / "out")])
+  assert code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "--out" in err[0] and "cannot be written" in err[0], err
+
+
+def test_resume_with_other_flags_is_refused_and_nothing_is_lost(tmp_path, capsys):
+  """A checkpointed run, then the same directory with one flag changed: one line names the
+  flag and both values, no step runs, and the checkpoints are as they were."""
+  base = ["--dataset", "digits", "--model", "mlp", "--model-size", "tiny", "--devices", "4",
+          "--batch-size", "64", "--steps-per-epoch", "3", "--epochs", "1", "--method",
+          "spardl", "--checkpoint", "--no-progress", "--out", str(tmp_path)]
+  assert main.main(base) == 0
+  ckpt = tmp_path / "checkpoints" / "spardl"
+  before = sorted(os.listdir(ckpt))
+  capsys.readouterr()
+  for flags, names in [
+      (["--steps-per-epoch", "2"], "--steps-per-epoch (steps an epoch) 3 there, 2 here"),
+      (["--recipe", "paper"], "--recipe 'recommended' there, 'paper' here"),
+      (["--density", "0.02"], "option density 0.01 there, 0.02 here"),
+      (["--momentum", "0.5"], "--momentum 0.9 there, 0.5 here"),
+      (["--lr", "0.1"], "--lr 0.05 there, 0.1 here")]:
+    assert main.main(base + flags + ["--epochs", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was written by another run" in err[0] and names in err[0], err
+    assert sorted(os.listdir(ckpt)) == before
+  assert main.main(base + ["--epochs", "2"]) == 0  # the same flags resume
+  assert sorted(os.listdir(ckpt)) == ["3", "6"]
+
+
+def test_a_failing_variant_keeps_the_results_before_it(tmp_path, monkeypatch):
+  """Results are written after each variant: a failure in the second keeps the first's."""
+  calls = []
+
+  def train(cfg, variant, *args, **kwargs):
+    calls.append(variant.label)
+    if len(calls) == 2:
+      raise ValueError("the second variant failed")
+    return real(cfg, variant, *args, **kwargs)
+
+  from train import train as train_module
+  real = train_module.train_and_evaluate
+  monkeypatch.setattr("train.train.train_and_evaluate", train)
+  with pytest.raises(ValueError, match="the second variant failed"):
+    main.run(main._parse_args(["--dataset", "digits", "--model", "mlp", "--model-size", "tiny",
+                               "--devices", "4", "--batch-size", "64", "--epochs", "1",
+                               "--steps-per-epoch", "2", "--compare", "dense,spardl",
+                               "--no-progress", "--out", str(tmp_path)]))
+  runs = json.loads((tmp_path / "metrics.json").read_text())["runs"]
+  assert [r["method"] for r in runs] == ["dense"]
+
 
 
 def test_variant_tuning_and_recipes():

@@ -1,0 +1,80 @@
+"""A bound on how far a training loop dispatches ahead, for several CPU devices in one process.
+
+XLA:CPU runs a program that spans the ``P`` devices of one process by launching one task per
+device on a pool of ``max(cores, P)`` threads: on a 2-core machine with 8 simulated devices,
+exactly one collective's worth. Each launch first takes a slot of its device's in-flight
+limit (32 programs per device); when a loop dispatches steps without waiting, a launch of a
+later step can find its device's 32 slots taken and block its pool thread. Then an earlier
+step's collective is left with fewer than ``P`` threads: ``P - 1`` devices wait in its
+rendezvous for a device whose launch never gets a thread, and after 40 s XLA aborts the
+process (``rendezvous.cc ... only 7 of them arrived``, exit 134). It happens at random,
+more often the more collectives a step holds (SparDL's step has ``2 log2 P`` rounds).
+
+Keeping at most a few steps in flight keeps every launch clear of the in-flight limit, so
+the pool always has a thread for each device of the oldest step: :func:`bounded_dispatch`
+waits for the result of the step ``depth`` calls back before returning, which costs almost
+nothing (that step has long finished in a loop that keeps the devices busy), unlike waiting
+for every step. ``docs/reliability.md`` has the measurements.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+DEPTH = 4  # steps in flight: with up to 7 device programs a step, still under the 32 slots
+
+
+def _several_cpu_devices(out) -> bool:
+  """Whether ``out`` lives on more than one CPU device of this process (the hazard)."""
+  for leaf in jax.tree.leaves(out):
+    if isinstance(leaf, jax.Array):
+      devices = [d for d in leaf.sharding.device_set if d.process_index == jax.process_index()]
+      return devices[0].platform == "cpu" and len(devices) > 1
+  return False
+
+
+def bounded_dispatch(step: Callable[..., Any], *, depth: int = DEPTH) -> Callable[..., Any]:
+  """``step`` (a jitted train step), waiting before it returns for the result of the call
+  ``depth`` calls back when its outputs span several CPU devices of this process.
+
+  Use it around a train step that runs collectives over simulated CPU devices (tests, CPU
+  runs of a multi-device program) when the loop does not wait for each step: XLA:CPU can
+  otherwise deadlock and abort the process (see the module docstring). On GPUs, TPUs and
+  one device per process it returns the outputs untouched and waits for nothing.
+
+  Example::
+
+    train_step = sj.bounded_dispatch(jax.jit(jax.shard_map(step, mesh=mesh, ...)))
+    for batch in batches:
+      params, opt_state, loss = train_step(params, opt_state, batch)
+
+  Args:
+    step: the function to call; its outputs are any pytree holding a ``jax.Array``.
+    depth: how many calls may be in flight (an int >= 1).
+
+  Returns:
+    A function with ``step``'s signature and outputs.
+  """
+  if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+    raise ValueError(f"bounded_dispatch: depth must be an int >= 1, got {depth!r}.")
+  in_flight: collections.deque = collections.deque()
+  hazard: list[bool] = []  # decided at the first call, from where its outputs live
+
+  @functools.wraps(step)
+  def bounded(*args, **kwargs):
+    out = step(*args, **kwargs)
+    if not hazard:
+      hazard.append(_several_cpu_devices(out))
+    if hazard[0]:  # the smallest output: all of a program's outputs are ready together
+      in_flight.append(min((x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)),
+                           key=lambda x: x.size))
+      while len(in_flight) > depth:
+        jax.block_until_ready(in_flight.popleft())
+    return out
+
+  return bounded

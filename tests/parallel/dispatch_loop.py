@@ -1,0 +1,51 @@
+"""A user's loop over 8 simulated CPU devices that never waits for a step: SparDL inside
+shard_map, then AdamW, STEPS steps (run by tests/parallel/test_dispatch.py in its own
+process). ``bounded`` wraps the step in spardl_jax.bounded_dispatch; ``free`` does not."""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+jax.config.update("jax_num_cpu_devices", 8)
+import spardl_jax as sj  # noqa: E402
+
+mode, steps = sys.argv[1], int(sys.argv[2])
+mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+rng = np.random.default_rng(0)
+params = jax.device_put(
+    {"w1": jnp.asarray(rng.normal(size=(64, 256)) * 0.05, jnp.float32), "b1": jnp.zeros(256),
+     "w2": jnp.asarray(rng.normal(size=(256, 10)) * 0.05, jnp.float32), "b2": jnp.zeros(10)},
+    NamedSharding(mesh, P()))
+tx = optax.chain(sj.spardl(density=0.01), optax.adamw(1e-3))
+opt_state = sj.init_opt_state(tx, params, mesh)
+specs = sj.opt_state_specs(tx, params, mesh)
+
+
+def loss_fn(p, x, y):
+  out = jax.nn.relu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+  return optax.softmax_cross_entropy_with_integer_labels(out, y).mean()
+
+
+def step(p, s, x, y):
+  g = jax.grad(loss_fn)(jax.lax.pcast(p, "data", to="varying"), x, y)
+  u, s = tx.update(g, s, p)
+  return optax.apply_updates(p, u), s, jax.lax.pmean(loss_fn(p, x, y), "data")
+
+
+train_step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), specs, P("data"), P("data")),
+                                   out_specs=(P(), specs, P()), check_vma=False))
+if mode == "bounded":
+  train_step = sj.bounded_dispatch(train_step)
+rows = NamedSharding(mesh, P("data"))
+x = jax.device_put(jnp.asarray(rng.normal(size=(256, 64)), jnp.float32), rows)
+y = jax.device_put(jnp.asarray(rng.integers(0, 10, 256)), rows)
+losses = []
+for _ in range(steps):
+  params, opt_state, loss = train_step(params, opt_state, x, y)
+  losses.append(loss)
+print("finished", steps, float(losses[-1]), flush=True)

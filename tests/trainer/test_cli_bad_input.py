@@ -1,0 +1,89 @@
+"""Bad input to the command lines other than the trainer's (tests/trainer/test_train.py has
+its table): one row per mistake, each exits 2 with one line naming the flag, and nothing runs
+or is written (docs/reliability.md lists every row)."""
+
+import json
+
+import pytest
+
+from spardl_jax.parallel import launch
+from spardl_jax.tools import bench
+from train import convergence, time_to_accuracy
+
+
+def fake_tta_run(out, devices=2, methods=("dense",)):
+  """A finished time-to-accuracy run of ``devices`` processes that trained ``methods``."""
+  run = out / "seed0" / "unshaped"
+  run.mkdir(parents=True)
+  history = [{"steps": 2, "test_accuracy": 0.5, "train_seconds": 1.0, "bytes_sent": 8.0}]
+  (run / "metrics.json").write_text(json.dumps({
+      "config": {"devices": devices},
+      "runs": [{"method": m, "history": history} for m in methods]}))
+  (out / "results.json").write_text(json.dumps({"args": {}, "rows": [{"rate": "unshaped"}]}))
+  return out
+
+
+TTA = ["--local", "--rates", "unshaped", "--model-size", "tiny"]
+ROWS = [
+    ("tta --timeout -1", time_to_accuracy.main, lambda tmp: TTA + ["--timeout", "-1"],
+     "argument --timeout: must be > 0.0 and finite, got -1"),
+    ("tta --timeout nan", time_to_accuracy.main, lambda tmp: TTA + ["--timeout", "nan"],
+     "argument --timeout: must be > 0.0 and finite, got nan"),
+    ("tta --alpha -1", time_to_accuracy.main, lambda tmp: TTA + ["--alpha", "-1"],
+     "argument --alpha: must be >= 0.0 and finite, got -1"),
+    ("tta --processes 0", time_to_accuracy.main, lambda tmp: TTA + ["--processes", "0"],
+     "argument --processes: must be >= 1, got 0"),
+    ("tta --out at a file", time_to_accuracy.main,
+     lambda tmp: TTA + ["--out", str(tmp / "file")], "is a file, not a directory"),
+    ("tta --report, a method with no runs", time_to_accuracy.main,
+     lambda tmp: ["--report", "--processes", "2", "--methods", "dense,spardl", "--rates",
+                  "unshaped", "--out", str(fake_tta_run(tmp / "tta"))],
+     "has no run of ['spardl']: it holds ['dense']"),
+    ("tta --report --processes 5 over a 2-process run", time_to_accuracy.main,
+     lambda tmp: ["--report", "--processes", "5", "--methods", "dense", "--rates", "unshaped",
+                  "--out", str(fake_tta_run(tmp / "tta"))],
+     "was trained on 2 processes: pass --processes 2, got 5."),
+    *[(f"convergence --devices {d}", convergence.main,
+       lambda tmp, d=d: ["--devices", d, "--out", str(tmp / "cv")],
+       f"argument --devices: must be >= 1, got {d}") for d in ("0", "-2")],
+    ("convergence --devices 3", convergence.main,
+     lambda tmp: ["--devices", "3", "--cases", "mnist1d_cnn1d", "--out", str(tmp / "cv")],
+     "--devices 3 does not divide the batch size of mnist1d_cnn1d (128)"),
+    ("convergence --report at a missing directory", convergence.main,
+     lambda tmp: ["--report", str(tmp / "missing"), "--out", str(tmp / "cv")],
+     "results.json (a directory python -m train.convergence wrote with --out)"),
+    ("convergence --report at a time-to-accuracy run", convergence.main,
+     lambda tmp: ["--report", str(fake_tta_run(tmp / "tta")), "--out", str(tmp / "cv")],
+     "does not hold convergence results"),
+    ("launch --processes 0", launch.main, lambda tmp: ["--processes", "0", "--", "true"],
+     "--processes and --devices-per-process must be >= 1"),
+    ("launch --timeout nan", launch.main,
+     lambda tmp: ["--processes", "1", "--timeout", "nan", "--", "true"],
+     "--timeout must be a positive, finite number of seconds"),
+    ("bench --density 0", bench.main, lambda tmp: ["--density", "0"],
+     "--density must be in (0, 1], got 0.0"),
+    ("bench --density nan", bench.main, lambda tmp: ["--density", "nan"],
+     "--density must be in (0, 1], got nan"),
+    ("bench --beta 0", bench.main, lambda tmp: ["--beta", "0"],
+     "--beta must be a positive, finite number"),
+    ("bench --densities 0.01,2", bench.main, lambda tmp: ["--selection", "--densities", "0.01,2"],
+     "--densities must be a comma list of numbers in (0, 1], got '0.01,2'"),
+    ("bench --methods nosuch", bench.main, lambda tmp: ["--methods", "nosuch"],
+     "--methods: unknown ['nosuch']"),
+]
+
+
+@pytest.mark.parametrize("main,argv,message", [row[1:] for row in ROWS],
+                         ids=[row[0] for row in ROWS])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, main, argv, message):
+  (tmp_path / "file").write_text("")
+  try:
+    code = main(argv(tmp_path))
+  except SystemExit as exit_:  # argparse's own checks
+    code = exit_.code
+  assert code == 2
+  captured = capsys.readouterr()
+  err = [line for line in captured.err.strip().splitlines() if not line.startswith("usage:")
+         and not line.startswith("  ") and not line.startswith("no run for")]
+  assert len(err) == 1 and message in err[0], captured.err
+  assert not (tmp_path / "cv").exists()  # nothing trained, nothing written
