@@ -161,8 +161,8 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
     raise ValueError(f"freeze (Adam's second moment frozen) needs --optimizer "
                      f"adamw, got --optimizer {cfg.optimizer}.")
   if "masking" in tuning and tuning.get("momentum") is None:
-    raise ValueError(f"masking (DGC's momentum factor masking) needs momentum=M "
-                     f"(DGC's momentum correction) in the same spec.")
+    raise ValueError("masking (DGC's momentum factor masking) needs momentum=M "
+                     "(DGC's momentum correction) in the same spec.")
   if tuning.get("ramp") and "density" not in variant.options:
     raise ValueError(f"ramp (a density warm-up) needs a sparse method with a "
                      f"density; {variant.method!r} has none.")

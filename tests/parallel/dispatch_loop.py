@@ -1,8 +1,12 @@
-"""A user's loop over 8 simulated CPU devices that never waits for a step: SparDL inside
-shard_map, then AdamW, STEPS steps (run by tests/parallel/test_dispatch.py in its own
-process). ``bounded`` wraps the step in spardl_jax.bounded_dispatch; ``free`` does not."""
+"""A user's loop over 8 simulated CPU devices: SparDL inside shard_map, then AdamW.
+
+``python tests/parallel/dispatch_loop.py MODE STEPS`` (tests/parallel/test_dispatch.py runs
+it in its own process; docs/reliability.md has the measurements). ``free`` never waits for a
+step, ``bounded`` wraps the step in spardl_jax.bounded_dispatch, ``each`` waits for every
+step. It prints the steps and the seconds they took."""
 
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -44,8 +48,12 @@ if mode == "bounded":
 rows = NamedSharding(mesh, P("data"))
 x = jax.device_put(jnp.asarray(rng.normal(size=(256, 64)), jnp.float32), rows)
 y = jax.device_put(jnp.asarray(rng.integers(0, 10, 256)), rows)
-losses = []
+params, opt_state, loss = jax.block_until_ready(train_step(params, opt_state, x, y))  # compile
+start, losses = time.perf_counter(), []
 for _ in range(steps):
   params, opt_state, loss = train_step(params, opt_state, x, y)
+  if mode == "each":
+    jax.block_until_ready(loss)
   losses.append(loss)
-print("finished", steps, float(losses[-1]), flush=True)
+print("finished", steps, f"{float(losses[-1]):.4f}", f"{time.perf_counter() - start:.2f} s",
+      flush=True)

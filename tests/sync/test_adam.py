@@ -41,3 +41,25 @@ def test_bad_options_are_named():
     sj.scale_by_frozen_adam(freeze_step=0)
   with pytest.raises(ValueError, match="b2 must be in"):
     sj.scale_by_frozen_adam(freeze_step=5, b2=1.0)
+
+
+def test_a_skipped_step_does_not_train_the_second_moment():
+  """A sync that skipped a non-finite step returns zeros everywhere: inside the warm-up that
+  step neither decays nu nor counts in its bias correction, so the frozen nu (and every
+  update after the freeze) is the one of the warm-up without it. mu decays as Adam's does."""
+  rng = np.random.default_rng(1)
+  grads = [jnp.asarray(rng.standard_normal(7), jnp.float32) for _ in range(6)]
+  tx = sj.scale_by_frozen_adam(freeze_step=4, b1=0.0, b2=0.99)
+  clean, skipped = tx.init(jnp.zeros(7)), tx.init(jnp.zeros(7))
+  for g in grads[:3]:
+    _, clean = tx.update(g, clean)
+  for g in [grads[0], jnp.zeros(7), grads[1], grads[2]]:
+    _, skipped = tx.update(g, skipped)
+  np.testing.assert_array_equal(np.asarray(skipped.nu), np.asarray(clean.nu))
+  assert (int(skipped.nu_count), int(clean.nu_count)) == (3, 3)
+  # After the freeze, updates use the nu of the three real warm-up gradients (NumPy model).
+  out, skipped = tx.update(grads[3], skipped)
+  assert (int(skipped.count), int(skipped.nu_count)) == (5, 3)
+  want = list(numpy_adam([np.asarray(g) for g in grads[:4]], freeze_step=3, b1=0.0, b2=0.99,
+                         eps=1e-8))[-1]
+  np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=1e-6)

@@ -14,10 +14,13 @@ PARAMS = {"w": jnp.zeros((10,))}
 CFG = sj.SparDLConfig(density=0.5)
 
 
-def in_shard_map(fn, *args, specs=P(), out=P(), p=2):
-  """Traces ``fn(*args)`` inside shard_map over ``p`` devices (tracing is where it fails)."""
-  return jax.eval_shape(jax.shard_map(fn, mesh=harness.mesh(p), in_specs=specs,
-                                      out_specs=out, check_vma=False), *args)
+REPLICATED = P()
+
+
+def in_shard_map(fn, *args, specs=REPLICATED):
+  """Traces ``fn(*args)`` inside shard_map over 2 devices (tracing is where it fails)."""
+  return jax.eval_shape(jax.shard_map(fn, mesh=harness.mesh(2), in_specs=specs,
+                                      out_specs=REPLICATED, check_vma=False), *args)
 
 
 def update_with(tx, grads, state, state_specs):
