@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 
 import jax
 import numpy as np
@@ -228,6 +229,25 @@ def _restore(mgr: ocp.CheckpointManager, step: int, like):
   return jax.tree.unflatten(treedef, out), restored["progress"]
 
 
+def _drop_late_reader_callbacks() -> None:
+  """After a failed read, TensorStore finishes the checkpoint's other reads once Orbax has
+  closed the event loop they report to, and each prints ``RuntimeError: Event loop is
+  closed`` through ``sys.unraisablehook`` (10 tracebacks for one truncated checkpoint).
+  This drops exactly those, from the first restore on, and passes everything else to the
+  hook before."""
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_late_reader_callbacks", False):
+    return
+
+  def hook(unraisable):
+    error = unraisable.exc_value
+    if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+      previous(unraisable)
+
+  hook.drops_late_reader_callbacks = True
+  sys.unraisablehook = hook
+
+
 def _set_aside(mgr: ocp.CheckpointManager, step: int) -> str:
   """Moves step folder ``step`` into ``UNREADABLE/`` beside the checkpoints (kept for a
   post-mortem, never deleted): the manager then neither counts it as the latest step, which
@@ -267,6 +287,7 @@ def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, objec
     CheckpointMismatch: the newest readable checkpoint is of another train state: which
       leaf differs and both shapes are named.
   """
+  _drop_late_reader_callbacks()
   with _quiet_readers():
     mgr.reload()
     for step in sorted(mgr.all_steps(), reverse=True):

@@ -451,6 +451,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                              batches.get_state())
         checkpoint.save(mgr, step, state, {"history": history, "run": run,
                                            "position": position._asdict()})
+        loop.restart_clock()  # the save is not a step's time
     epoch_metrics = loop.fetch(epoch)  # (steps, 3): loss, metric, bytes per step
     clock += time.perf_counter() - epoch_start - (loop.compile_seconds - compiled_before)
     sent += float(epoch_metrics[:, 2].sum())
@@ -499,7 +500,8 @@ class _Loop:
   :func:`spardl_jax.bounded_dispatch`), and fetch the metrics of a whole log interval at once.
 
   Step times: a log interval's wall time is spread over its steps (dispatch runs ahead, so
-  timing each call would only measure the dispatch).
+  timing each call would only measure the dispatch); evaluations and checkpoint saves
+  between intervals are left out.
   """
 
   def __init__(self, label: str, *, total: int, log_every: int, progress: bool):
@@ -550,6 +552,11 @@ class _Loop:
   def start_epoch(self, rows: list) -> None:
     """Starts an epoch's metrics, with the rows of steps a checkpoint already took."""
     self.epoch_rows = [np.asarray(rows, np.float64).reshape(-1, 3)]
+    self.restart_clock()  # the evaluation since the last fetch is not a step's time
+
+  def restart_clock(self) -> None:
+    """The next log interval's time starts now (after work that is not a train step)."""
+    self.interval_start = time.perf_counter()
 
   def rows_so_far(self, epoch: int) -> np.ndarray:
     """This epoch's ``(steps, 3)`` metrics (loss, metric, bytes) up to now, fetched now."""

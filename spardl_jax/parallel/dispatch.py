@@ -12,9 +12,8 @@ more often the more collectives a step holds (SparDL's step has ``2 log2 P`` rou
 
 Keeping at most a few steps in flight keeps every launch clear of the in-flight limit, so
 the pool always has a thread for each device of the oldest step: :func:`bounded_dispatch`
-waits for the result of the step ``depth`` calls back before returning, which costs almost
-nothing (that step has long finished in a loop that keeps the devices busy), unlike waiting
-for every step. ``docs/reliability.md`` has the measurements.
+waits for the result of the step ``depth`` calls back before returning. Waiting for every
+step is safe too; ``docs/reliability.md`` has the measurements of both.
 """
 
 from __future__ import annotations
