@@ -105,10 +105,11 @@ def _parse_args(argv):
     parser.error("--repeats must be >= 1")
   if not 0 < args.density <= 1:  # also NaN
     parser.error(f"--density must be in (0, 1], got {args.density}")
-  for flag in ("alpha", "beta", "max_memory_gb"):
+  for flag in ("alpha", "beta"):
     if not 0 < getattr(args, flag) < float("inf"):
-      parser.error(f"--{flag.replace('_', '-')} must be a positive, finite number, got "
-                   f"{getattr(args, flag)}")
+      parser.error(f"--{flag} must be a positive, finite number, got {getattr(args, flag)}")
+  if not 0 <= args.max_memory_gb < float("inf"):  # 0: nothing is timed, only the HLO read
+    parser.error(f"--max-memory-gb must be a finite number >= 0, got {args.max_memory_gb}")
   text = args.densities
   try:
     args.densities = [float(d) for d in text.split(",")]
