@@ -28,7 +28,7 @@ Kind = Literal["image", "signal", "text", "corpus"]
 class Paper(NamedTuple):
   """The paper's parameter count for a model and how ours relates to it.
 
-  ``ours + adjust`` is the paper's count to 0.5 % (``tests/test_models.py`` checks it).
+  ``ours + adjust`` is the paper's count to 0.5 % (``tests/trainer/test_models.py`` checks it).
   """
 
   params: float

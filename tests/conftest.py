@@ -45,7 +45,8 @@ if "SPARDL_JAX_TESTS_XLA_PROBED" not in os.environ:
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# Simulated CPU devices for every test; set once, before the backend starts (JAX_NOTES.md).
+# Simulated CPU devices for every test, set once before the backend starts: the CPU backend
+# reads the count only when it starts.
 jax.config.update("jax_num_cpu_devices", 16)
 
 

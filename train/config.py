@@ -65,7 +65,7 @@ class Variant:
 
   Attributes:
     label: the name in tables and plots, e.g. ``spardl:density=0.001``.
-    method: a name from :data:`spardl_jax.methods.METHODS`.
+    method: a registered method's name (:func:`spardl_jax.methods.names`).
     options: the method's options (``density``, ``teams``, ``residuals`` for SparDL).
     tuning: the :data:`TUNING` options (sync warm-ups, momentum correction, clipping, and the
       optimizer's learning rate and momentum for this variant).

@@ -8,7 +8,7 @@ Usage::
       --model-size tiny --epochs 2 --steps-per-epoch 2 --out /tmp/tta        # a smoke run
 
 For each rate (``tc`` rates such as ``100mbit``, or ``unshaped``) one job of ``--processes``
-JAX processes, one per network namespace (:func:`spardl_jax.netbench.network`: veth links on
+JAX processes, one per network namespace (:func:`spardl_jax.tools.netbench.network`: veth links on
 a bridge, each namespace's sending shaped with ``tc tbf``), trains the case with every
 method in turn: ``python -m train --compare METHODS`` with one CPU device per process, its
 collectives carried by gloo over the links. ``--local`` runs the processes on 127.0.0.1

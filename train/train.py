@@ -7,7 +7,7 @@ Two details make the sync really sparse:
 * **the gradient trap**: the parameters arrive replicated, and ``jax.grad`` of a replicated
   input inside ``shard_map`` returns an already ``psum``-ed gradient (a hidden dense
   all-reduce). The step casts them to *varying* first (``jax.lax.pcast``), so the gradient
-  stays local; ``tests/test_train.py`` checks the compiled step has no gradient-sized
+  stays local; ``tests/trainer/test_train.py`` checks the compiled step has no gradient-sized
   all-reduce.
 * the synchronized gradient is bit-identical on all devices but typed *varying*, so the step
   uses ``check_vma=False`` to return the new parameters replicated.

@@ -35,7 +35,7 @@ class SparDLConfig:
     teams: number of teams ``d`` the ``P`` workers are split into (contiguous
       ranks, ``d`` must divide ``P``; checked at trace time). ``1``: SRS + Bruck, no
       Spar-All-Gather. ``'auto'``: the ``d`` with the least modeled time
-      ``rounds * alpha + bytes * beta`` (:func:`spardl_jax.cost.choose_teams`).
+      ``rounds * alpha + bytes * beta`` (:func:`spardl_jax.core.cost.choose_teams`).
     sag: the Spar-All-Gather for ``teams > 1``: ``'recursive'`` (R-SAG, ``d`` a power of
       two), ``'bruck'`` (B-SAG with the adaptive ``h``, any ``d``) or ``'auto'`` (R-SAG when
       ``d`` is a power of two, else B-SAG).

@@ -8,12 +8,12 @@ SAG makes those ``d`` workers agree on one sparse sum of block ``r``:
   with the same position in team ``t XOR 2^j``; both sides add, keep the top-``kb`` of the
   sum and share the discard as residual.
 * **B-SAG** (any ``d``): a Bruck all-gather of each worker's top-``h`` pairs across the
-  teams, a sum, and the top-``kb`` of it. ``h`` is adapted by :mod:`spardl_jax.h_controller`;
+  teams, a sum, and the top-``kb`` of it. ``h`` is adapted by :mod:`spardl_jax.core.h_controller`;
   each static size ``h`` of :func:`spardl_jax.schedule.h_ladder` is one ``lax.switch``
   branch, so ``h`` changes without recompiling and the bytes sent follow it.
 
 Sums are taken over rows in team order, so every worker computes bit-identical results.
-Empty slots carry the offset :data:`~spardl_jax.sparse.INVALID` and the value 0.
+Empty slots carry the offset :data:`~spardl_jax.core.sparse.INVALID` and the value 0.
 """
 
 from __future__ import annotations

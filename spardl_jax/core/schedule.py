@@ -2,7 +2,7 @@
 cross-team steps of Spar-All-Gather (R-SAG, B-SAG).
 
 Pure Python (no JAX), so a schedule can be printed and tested on its own; the JAX code in
-:mod:`spardl_jax.srs` and :mod:`spardl_jax.bruck` executes exactly these steps.
+:mod:`spardl_jax.core.srs` and :mod:`spardl_jax.core.bruck` executes exactly these steps.
 
 Both schedules work in a team of ``q`` workers and in the *rotated frame* of
 ``docs/design.md``: worker ``w``'s position ``j`` holds global block ``(w + j) mod q``.

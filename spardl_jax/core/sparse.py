@@ -144,7 +144,7 @@ def merge_with_partner(offsets: jax.Array, values: jax.Array, k: int, *, perm, a
 
 def magnitude_order(values: jax.Array) -> jax.Array:
   """Indices ordering ``values`` by decreasing ``|value|`` (the selection keys of
-  :func:`spardl_jax.topk.keys`), ties to the lower index."""
+  :func:`spardl_jax.core.topk.keys`), ties to the lower index."""
   return jnp.argsort(-topk.keys(values), stable=True)
 
 

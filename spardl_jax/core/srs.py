@@ -6,7 +6,7 @@ SRS), sends them as one packed message, and adds what it receives into its dense
 After the last step it holds the summed block of its own rank (row ``rank`` of the buffer).
 
 Everything a worker selected or received is logged, so that global residual collection
-(:mod:`spardl_jax.gres`) can rebuild its residual without keeping a second dense buffer.
+(:mod:`spardl_jax.core.gres`) can rebuild its residual without keeping a second dense buffer.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
     buf: ``(q, mc)`` the worker's ``g = x + residual`` in global block order (row ``b`` is
       block ``b``), zero-padded; any float dtype.
     kb: entries kept per block.
-    chunk: chunk length for :func:`spardl_jax.topk.block_topk`.
+    chunk: chunk length for :func:`spardl_jax.core.topk.block_topk`.
     rank: int32 scalar, this worker's rank inside its team.
     p: number of workers on ``axis_name`` (a multiple of ``q``).
     axis_name: the mesh axis.

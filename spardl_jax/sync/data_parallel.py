@@ -4,7 +4,7 @@ In a ``jax.shard_map`` train step the parameters and most optimizer state are re
 (``PartitionSpec()``), but some state is per device and must be stored with a device axis
 sharded over the data axis, so that every device keeps (and a checkpoint saves) its own:
 
-* every leaf of a :class:`~spardl_jax.transform.SyncState` (the residual, ``(P, n)``
+* every leaf of a :class:`~spardl_jax.sync.transform.SyncState` (the residual, ``(P, n)``
   globally, and the statistics, ``(P,)``);
 * the accumulated gradients of an ``optax.MultiSteps`` that wraps a gradient sync: they are
   local gradients not synchronized yet, stored concatenated along their first axis (a

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import typing
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,11 +28,10 @@ from spardl_jax.core.nonfinite import NonFinite, any_device, check_policy, skip_
 from spardl_jax.core.protocol import AllReduce
 
 
-# Every method registers itself on import (core: SparDL; baselines: the rest).
-Method = Literal["dense", "dense_bf16", "spardl", "topka", "topkdsa", "gtopk", "oktopk",
-                 "powersgd"]
-METHODS: tuple[str, ...] = typing.get_args(Method)
-assert set(METHODS) == set(protocol.registered()), "Method must list the registry's names"
+def names() -> tuple[str, ...]:
+  """The registered methods' names, in registration order (the core's SparDL, the
+  baselines, then any registered later: the registry is the only list)."""
+  return tuple(protocol.registered())
 
 
 def spardl(config: SparDLConfig) -> AllReduce:
@@ -82,8 +80,8 @@ def parse(text: str, *, density: float, teams=1, sag: str = "auto",
   its ``Config`` as keys, e.g. ``'oktopk:tau=16'``.
   """
   method, pairs = split_spec(text)
-  if method not in METHODS:
-    raise ValueError(f"method spec {text!r}: the method must be one of {METHODS}.")
+  if method not in protocol.registered():
+    raise ValueError(f"method spec {text!r}: the method must be one of {names()}.")
   config = protocol.registered()[method].Config
   fields = {f.name for f in dataclasses.fields(config)} if config else set()
   defaults = {"density": density, "teams": teams, "sag": sag, "residuals": residuals}
@@ -106,7 +104,7 @@ def make(method: str, **options) -> AllReduce:
   """The all-reduce called ``method``, built from its options.
 
   Args:
-    method: one of :data:`METHODS`.
+    method: one of :func:`names`.
     **options: the fields of the method's ``Config`` (see :func:`describe`).
 
   Raises:

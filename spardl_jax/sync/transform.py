@@ -25,7 +25,7 @@ from spardl_jax.core.allreduce import axis_size as bound_axis_size
 from spardl_jax.core.allreduce import bound_axes
 from spardl_jax.core.config import ETHERNET_10G, Residuals, Sag, WireFormat
 from spardl_jax.core.nonfinite import NonFinite
-from spardl_jax.sync import levels, methods
+from spardl_jax.sync import levels
 
 
 class SyncStats(NamedTuple):
@@ -171,7 +171,7 @@ def _run_level(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, 
   return y, local, jnp.asarray(bytes_sent, jnp.float32), jnp.asarray(h, jnp.int32)
 
 
-def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data",
+def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    axis_size: int | None = None, nonfinite: NonFinite = "skip",
                    warmup_steps: int = 0, momentum: float | None = None,
                    momentum_masking: bool = True, clip_norm: float | None = None,
@@ -223,7 +223,7 @@ def sync_gradients(method: methods.Method = "spardl", *, axis_name: str = "data"
   (a hang); :func:`spardl_jax.opt_state_specs` rejects that structure.
 
   Args:
-    method: one of :data:`spardl_jax.methods.METHODS`.
+    method: a registered method's name (:func:`spardl_jax.methods.names`).
     axis_name: the data-parallel mesh axis.
     axis_size: number of devices on the axis, only needed when ``init`` runs outside
       ``shard_map`` without a mesh set (:func:`spardl_jax.init_opt_state` needs none).

@@ -48,10 +48,11 @@ from spardl_jax.core import protocol
 from spardl_jax.core.config import ETHERNET_10G, WIRE_FORMATS
 from spardl_jax.sync import methods as _methods
 
-# One sync of a flat vector: the methods that work on one. PowerSGD needs the leaf shapes
-# of a model (it all-reduces a flat vector dense); the trainer benchmarks it.
-METHODS = tuple(m for m in _methods.METHODS
-                if not hasattr(protocol.registered()[m], "for_leaves"))
+def flat_methods() -> tuple[str, ...]:
+  """The registered methods that sync one flat vector. PowerSGD needs the leaf shapes of a
+  model (it all-reduces a flat vector dense); the trainer benchmarks it."""
+  return tuple(m for m in _methods.names()
+               if not hasattr(protocol.registered()[m], "for_leaves"))
 
 PAPER_SIZES = [14_700_000, 20_100_000, 23_500_000, 9_200_000, 35_200_000, 66_000_000,
                133_500_000]
@@ -79,8 +80,8 @@ def _parse_args(argv):
                       help="gradient sizes, comma separated, or 'paper' (default: the seven "
                            "models of the paper, 14.7e6 ... 133.5e6)")
   parser.add_argument("--density", type=float, default=0.01)
-  parser.add_argument("--methods", default=",".join(METHODS),
-                      help=f"comma list from {list(METHODS)} (default: all)")
+  parser.add_argument("--methods", default=",".join(flat_methods()),
+                      help=f"comma list from {list(flat_methods())} (default: all)")
   parser.add_argument("--teams", default="1",
                       help="SparDL team counts d: a comma list, or 'all' for every divisor")
   parser.add_argument("--sag", default="auto", choices=["auto", "recursive", "bruck"])
@@ -118,9 +119,9 @@ def _parse_args(argv):
   if not args.densities or not all(0 < d <= 1 for d in args.densities):
     parser.error(f"--densities must be a comma list of numbers in (0, 1], got {text!r}")
   args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-  unknown = sorted(set(args.methods) - set(METHODS))
+  unknown = sorted(set(args.methods) - set(flat_methods()))
   if unknown:
-    parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}")
+    parser.error(f"--methods: unknown {unknown}; allowed: {list(flat_methods())}")
   args.wire = [w.strip() for w in args.wire.split(",") if w.strip()]
   if not args.wire or set(args.wire) - set(WIRE_FORMATS):
     parser.error(f"--wire: expected a comma list from {list(WIRE_FORMATS)}, got "

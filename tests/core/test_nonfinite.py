@@ -51,7 +51,7 @@ def test_the_skip_is_the_same_as_never_seeing_the_bad_call():
                                 np.asarray(clean_state.residual))
 
 
-@pytest.mark.parametrize("name", sorted(sj.methods.METHODS))
+@pytest.mark.parametrize("name", sj.methods.names())
 def test_every_method_in_sharded_skips_alike(name):
   """methods.sharded applies the same agreed policy to every registered method."""
   options = {"density": 0.1} if name not in ("dense", "dense_bf16", "powersgd") else {}

@@ -39,7 +39,7 @@ def test_bench_all_methods_side_by_side(tmp_path):
   args = bench._parse_args(["--devices", "4", "--n", "4000", "--repeats", "1", "--out",
                             str(tmp_path), "--max-memory-gb", "0", "--wire", "exact"])  # HLO only
   rows = bench.run(args)
-  assert [r["method"] for r in rows] == list(bench.METHODS)
+  assert [r["method"] for r in rows] == list(bench.flat_methods())
   by_name = {r["method"]: r for r in rows}
   # Dense: the all-reduce's measured operand (n float32) through a ring, 2 (P - 1) / P of it;
   # dense_bf16: its own ring of bfloat16 permutes, half the bytes.
