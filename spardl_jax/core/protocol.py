@@ -9,6 +9,7 @@ core and the baselines can both register here without knowing of each other.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import jax
@@ -87,4 +88,9 @@ def build(name: str, **options) -> AllReduce:
     if options:
       raise ValueError(f"method {name!r} takes no options, got {sorted(options)}.")
     return cls()
+  fields = sorted(f.name for f in dataclasses.fields(cls.Config))
+  unknown = sorted(set(options) - set(fields))
+  if unknown:
+    raise TypeError(f"method {name!r} has no option {', '.join(unknown)}; its options are "
+                    f"{fields}.")
   return cls(cls.Config(**options))

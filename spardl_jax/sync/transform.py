@@ -23,7 +23,6 @@ from spardl_jax.core import flat as flat_vector
 from spardl_jax.core import nonfinite as nonfinite_policy
 from spardl_jax.core.allreduce import axis_size as bound_axis_size
 from spardl_jax.core.allreduce import bound_axes
-from spardl_jax.core.config import ETHERNET_10G, Residuals, Sag, WireFormat
 from spardl_jax.core.nonfinite import NonFinite
 from spardl_jax.sync import levels
 
@@ -171,6 +170,42 @@ def _run_level(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, 
   return y, local, jnp.asarray(bytes_sent, jnp.float32), jnp.asarray(h, jnp.int32)
 
 
+class _Shapes(NamedTuple):
+  """What an update's gradients fix at trace time: the float leaves' shapes, their total
+  ``n`` and promoted dtype, and the levels bound to those leaves."""
+
+  leaf_shapes: tuple
+  n: int
+  dtype: Any
+  levels: list
+
+
+def _stats(y, new_local, bytes_sent, h, bad, old: SyncStats, *, density) -> SyncStats:
+  """Stage 5: this sync's :class:`SyncStats`, from what every device already holds."""
+  residual = getattr(new_local, "residual", None)
+  return SyncStats(
+      selected=jnp.count_nonzero(y).astype(jnp.int32)[None],
+      bytes_sent=bytes_sent[None],
+      h=h[None],
+      residual_norm=(jnp.zeros((1,), jnp.float32) if residual is None else
+                     jnp.linalg.norm(residual.astype(jnp.float32))[None]),
+      nonfinite=old.nonfinite + bad.astype(jnp.int32),
+      density=density.astype(jnp.float32)[None])
+
+
+def _unflatten(y, leaves) -> list:
+  """Stage 6: the flat result cut back into the float leaves (each in its own dtype); other
+  leaves pass through."""
+  out, start = [], 0
+  for x in leaves:
+    if jnp.issubdtype(x.dtype, jnp.floating):
+      out.append(y[start:start + x.size].reshape(x.shape).astype(x.dtype))
+      start += x.size
+    else:
+      out.append(x)
+  return out
+
+
 def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    axis_size: int | None = None, nonfinite: NonFinite = "skip",
                    warmup_steps: int = 0, momentum: float | None = None,
@@ -286,13 +321,12 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     return SyncState(jax.tree.map(per_device, fresh_state(all_levels, n, dtype, p)), velocity,
                      jnp.zeros((lead,), jnp.int32), stats)
 
-  def update_fn(updates, state, params=None):
-    del params
-    _refuse_apply_if_finite()
+  def check_state(state, shapes, p: int):
+    """Stage 1: ``state`` is this sync's, as one device sees it inside ``shard_map``, for
+    gradients of these float leaf ``shapes``; returns the method's per-device state."""
     if not isinstance(state, SyncState):
       raise TypeError(f"sync_gradients: state must be the SyncState from init, got "
                       f"{type(state).__name__}.")
-    p = bound_axis_size(axis_name, who="sync_gradients: update")
     for leaf in jax.tree.leaves(state):
       if leaf.shape[:1] != (1,):
         raise ValueError(
@@ -302,93 +336,95 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     if (state.velocity is None) != (momentum is None):
       raise ValueError("sync_gradients: the state was initialized with another momentum "
                        "setting; init with this transformation.")
-    leaves, treedef = jax.tree.flatten(updates)
-    is_float = [jnp.issubdtype(x.dtype, jnp.floating) for x in leaves]
-    floats, dtype = _float_leaves(updates)
-    shapes = tuple(tuple(x.shape) for x in floats)
-    if initialized_for and shapes not in initialized_for:
-      raise ValueError(f"sync_gradients: the gradients' float leaves have the shapes {shapes}, "
-                       f"but init saw {sorted(initialized_for)}; init with the same params.")
-    all_levels = levels.for_leaves(unbound, [x.shape for x in floats])
+    if initialized_for and shapes.leaf_shapes not in initialized_for:
+      raise ValueError(f"sync_gradients: the gradients' float leaves have the shapes "
+                       f"{shapes.leaf_shapes}, but init saw {sorted(initialized_for)}; init with the "
+                       f"same params.")
     local = jax.tree.map(lambda a: a[0], state.method_state)
-    flat = flat_vector.concat(floats, dtype)
-    n = sum(x.size for x in floats)
-    expected = jax.eval_shape(lambda: fresh_state(all_levels, n, dtype, p))
+    expected = jax.eval_shape(lambda: fresh_state(shapes.levels, shapes.n, shapes.dtype, p))
     if jax.tree.structure(local) != jax.tree.structure(expected) or any(
         a.shape != b.shape for a, b in zip(jax.tree.leaves(local), jax.tree.leaves(expected))):
       raise ValueError(
-          f"sync_gradients: the state does not fit {method!r} for {n} float entries (it holds "
-          f"{type(local).__name__} with shapes {[a.shape for a in jax.tree.leaves(local)]}); "
-          f"init it with this transformation and the same params.")
-    residual = getattr(local, "residual", None)
-    itemsize = np.dtype(dtype).itemsize
+          f"sync_gradients: the state does not fit {method!r} for {shapes.n} float entries (it "
+          f"holds {type(local).__name__} with shapes "
+          f"{[a.shape for a in jax.tree.leaves(local)]}); init it with this transformation "
+          f"and the same params.")
+    return local
+
+  def local_gradient(flat, old_velocity, p: int):
+    """Stage 2: DGC's local clipping, then its momentum correction (the velocity is what
+    travels): ``(what the all-reduce sums, the new velocity or None)``."""
     if clip_norm is not None:
       norm = jnp.linalg.norm(flat.astype(jnp.float32))
       limit = clip_norm / np.sqrt(p)
-      flat = (flat * jnp.minimum(1.0, limit / jnp.maximum(norm, 1e-30))).astype(dtype)
-    velocity = None
-    if momentum is not None:
-      velocity = (momentum * state.velocity[0] + flat).astype(dtype)
-      flat = velocity
-    count = state.count[0]
+      flat = (flat * jnp.minimum(1.0, limit / jnp.maximum(norm, 1e-30))).astype(flat.dtype)
+    if momentum is None:
+      return flat, None
+    velocity = (momentum * old_velocity[0] + flat).astype(flat.dtype)
+    return velocity, velocity
 
+  def run_levels(shapes, x, local, count, p: int):
+    """Stage 3: the level of sync ``count`` runs (``lax.switch`` among compiled levels):
+    ``(y, new_local, bytes_sent, h, level index, local as the level saw it)``."""
     def run(level, x, local):
-      return _run_level(level, x, local, n=n, p=p, itemsize=itemsize, axis_name=axis_name)
+      return _run_level(level, x, local, n=shapes.n, p=p,
+                        itemsize=np.dtype(shapes.dtype).itemsize, axis_name=axis_name)
 
-    if len(all_levels) == 1:
-      index = jnp.zeros((), jnp.int32)
-      y, new_local, bytes_sent, h = run(all_levels[0], flat, local)
-    else:
-      starts = np.array([level.start for level in all_levels])
-      index = (jnp.sum(count >= starts) - 1).astype(jnp.int32)
-      # Entering a sparse level restarts the method's other state for its size; the
-      # residual (delivered or still owed mass) carries over.
-      entering = jnp.isin(count, starts[1:])
-      fresh = fresh_state(all_levels, n, dtype, p)
-      if residual is not None:
-        fresh = fresh._replace(residual=residual)
-      local = jax.tree.map(lambda a, b: jnp.where(entering, a, b), fresh, local)
-      y, new_local, bytes_sent, h = jax.lax.switch(
-          index, [functools.partial(run, level) for level in all_levels], flat, local)
-    bad = nonfinite_policy.any_device(reaches_result, flat, local, y, axis_name)
-    if momentum is not None and momentum_masking:
-      sparse = ~jnp.asarray([level.dense for level in all_levels])[index]
+    if len(shapes.levels) == 1:
+      return (*run(shapes.levels[0], x, local), jnp.zeros((), jnp.int32), local)
+    starts = np.array([level.start for level in shapes.levels])
+    index = (jnp.sum(count >= starts) - 1).astype(jnp.int32)
+    # Entering a sparse level restarts the method's other state for its size; the residual
+    # (delivered or still owed mass) carries over.
+    entering = jnp.isin(count, starts[1:])
+    fresh = fresh_state(shapes.levels, shapes.n, shapes.dtype, p)
+    residual = getattr(local, "residual", None)
+    if residual is not None:
+      fresh = fresh._replace(residual=residual)
+    local = jax.tree.map(lambda a, b: jnp.where(entering, a, b), fresh, local)
+    y, new_local, bytes_sent, h = jax.lax.switch(
+        index, [functools.partial(run, level) for level in shapes.levels], x, local)
+    return y, new_local, bytes_sent, h, index, local
+
+  def agree_on_nonfinite(x, y, local, new_local, velocity, old_velocity, shapes, index):
+    """Stage 4: DGC's momentum factor masking, then the non-finite guard every device
+    agrees on: ``(y, new_local, velocity, bad)``."""
+    bad = nonfinite_policy.any_device(reaches_result, x, local, y, axis_name)
+    if velocity is not None and momentum_masking:
+      sparse = ~jnp.asarray([level.dense for level in shapes.levels])[index]
       velocity = jnp.where(sparse & (y != 0), jnp.zeros_like(velocity), velocity)
     if nonfinite == "skip":
       y, new_local = nonfinite_policy.skip_if(bad, y, new_local, local)
       if velocity is not None:
-        velocity = jnp.where(bad, state.velocity[0], velocity)
-    residual = getattr(new_local, "residual", None)
-    stats = SyncStats(
-        selected=jnp.count_nonzero(y).astype(jnp.int32)[None],
-        bytes_sent=bytes_sent[None],
-        h=h[None],
-        residual_norm=(jnp.zeros((1,), jnp.float32) if residual is None else
-                       jnp.linalg.norm(residual.astype(jnp.float32))[None]),
-        nonfinite=state.stats.nonfinite + bad.astype(jnp.int32),
-        density=jnp.asarray([level.density for level in all_levels], jnp.float32)[index][None])
-    out, start = [], 0
-    for x, f in zip(leaves, is_float):
-      if f:
-        out.append(y[start:start + x.size].reshape(x.shape).astype(x.dtype))
-        start += x.size
-      else:
-        out.append(x)
+        velocity = jnp.where(bad, old_velocity[0], velocity)
+    return y, new_local, velocity, bad
+
+  def update_fn(updates, state, params=None):
+    del params
+    _refuse_apply_if_finite()
+    p = bound_axis_size(axis_name, who="sync_gradients: update")
+    leaves, treedef = jax.tree.flatten(updates)
+    floats, dtype = _float_leaves(updates)
+    shapes = _Shapes(tuple(tuple(x.shape) for x in floats), sum(x.size for x in floats), dtype,
+                     levels.for_leaves(unbound, [x.shape for x in floats]))
+    local = check_state(state, shapes, p)
+    x, velocity = local_gradient(flat_vector.concat(floats, dtype), state.velocity, p)
+    y, new_local, bytes_sent, h, index, local = run_levels(shapes, x, local, state.count[0], p)
+    y, new_local, velocity, bad = agree_on_nonfinite(x, y, local, new_local, velocity,
+                                                     state.velocity, shapes, index)
+    stats = _stats(y, new_local, bytes_sent, h, bad, state.stats,
+                   density=jnp.asarray([lv.density for lv in shapes.levels])[index])
     new_state = SyncState(jax.tree.map(lambda a: a[None], new_local),
                           None if velocity is None else velocity[None], state.count + 1, stats)
-    return jax.tree.unflatten(treedef, out), new_state
+    return jax.tree.unflatten(treedef, _unflatten(y, leaves)), new_state
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule = 0.01,
-           teams: int | str = 1, sag: Sag = "auto", residuals: Residuals = "global",
-           wire: WireFormat = "compact", alpha: float = ETHERNET_10G["alpha"],
-           beta: float = ETHERNET_10G["beta"],
-           warmup_steps: int = 0, momentum: float | None = None, momentum_masking: bool = True,
-           clip_norm: float | None = None, axis_size: int | None = None,
-           nonfinite: NonFinite = "skip") -> optax.GradientTransformation:
-  """SparDL gradient synchronization as an optax transformation.
+def spardl(*, density: float | levels.DensitySchedule = 0.01,
+           **options) -> optax.GradientTransformation:
+  """SparDL gradient synchronization as an optax transformation:
+  ``sync_gradients("spardl", density=density, **options)``.
 
   Example (the paper's behaviour)::
 
@@ -400,23 +436,13 @@ def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule =
     tx = optax.chain(spardl(density=0.01, warmup_steps=100, momentum=0.9), optax.sgd(0.1))
 
   Args:
-    axis_name: the data-parallel mesh axis.
     density: fraction of each block kept by every top-k selection, in (0, 1]; or a schedule
       ``[(step, density), ...]`` starting at step 0 (:func:`spardl_jax.density_warmup`).
-    teams: number of teams ``d`` (must divide the number of devices), or ``'auto'`` to pick
-      it from the alpha-beta model.
-    sag: ``'auto'``, ``'recursive'`` (R-SAG) or ``'bruck'`` (B-SAG) for ``teams > 1``.
-    residuals: ``'global'`` (GRES, default), ``'local'`` or ``'none'``.
-    wire: the message format, ``'compact'`` (default: 16-bit offsets and bfloat16 values,
-      about half the bytes; the rounding error stays in the residual) or ``'exact'``.
-    alpha, beta: latency (s) and seconds per byte of the network, for ``teams='auto'``.
-    See :class:`~spardl_jax.SparDLConfig` for details.
-    warmup_steps, momentum, momentum_masking, clip_norm: the convergence options of
-      :func:`sync_gradients` (dense warm-up; DGC's momentum correction, factor masking and
-      local clipping).
-    axis_size: see :func:`sync_gradients`.
-    nonfinite: ``'skip'`` (default) or ``'propagate'``: what a step with a NaN or inf on
-      some device does (see :func:`sync_gradients`).
+    **options: the other fields of :class:`~spardl_jax.SparDLConfig` (``teams``, ``sag``,
+      ``residuals``, ``wire``, ``alpha``, ``beta``; their defaults are its) and the options
+      of :func:`sync_gradients` (``axis_name``, ``axis_size``, ``nonfinite``, and the
+      convergence options ``warmup_steps``, ``momentum``, ``momentum_masking``,
+      ``clip_norm``). Each is defined, and documented, once, there.
 
   Returns:
     An ``optax.GradientTransformation`` (state :class:`SyncState`).
@@ -425,31 +451,23 @@ def spardl(*, axis_name: str = "data", density: float | levels.DensitySchedule =
     Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient Sparse
     Communication", ICDE 2024. Lin et al., "Deep Gradient Compression", ICLR 2018.
   """
-  return sync_gradients("spardl", axis_name=axis_name, axis_size=axis_size,
-                        nonfinite=nonfinite, warmup_steps=warmup_steps, momentum=momentum,
-                        momentum_masking=momentum_masking, clip_norm=clip_norm,
-                        density=density, teams=teams, sag=sag, residuals=residuals,
-                        wire=wire, alpha=alpha, beta=beta)
+  return sync_gradients("spardl", density=density, **options)
 
 
-def powersgd(*, axis_name: str = "data", rank: int = 4, start_iter: int = 0,
-             min_compression_rate: float = 2.0, seed: int = 0, axis_size: int | None = None,
-             nonfinite: NonFinite = "skip") -> optax.GradientTransformation:
-  """PowerSGD gradient synchronization (what PyTorch DDP's ``powerSGD_hook`` does).
+def powersgd(*, start_iter: int = 0, **options) -> optax.GradientTransformation:
+  """PowerSGD gradient synchronization (what PyTorch DDP's ``powerSGD_hook`` does):
+  ``sync_gradients("powersgd", warmup_steps=start_iter, **options)``.
 
   Example::
 
     tx = optax.chain(powersgd(rank=4, start_iter=100), optax.sgd(0.1, momentum=0.9))
 
   Args:
-    axis_name: the data-parallel mesh axis.
-    rank: the rank of each matrix leaf's approximation.
     start_iter: dense all-reduces before the compression starts (PyTorch's
       ``start_powerSGD_iter``; it is :func:`sync_gradients`' ``warmup_steps``).
-    min_compression_rate: leaves that rank-``rank`` factors would not shrink by this
-      factor (and every 1-D leaf) are all-reduced dense.
-    seed: the seed of the initial ``Q`` factors.
-    axis_size, nonfinite: see :func:`sync_gradients`.
+    **options: the fields of :class:`~spardl_jax.baselines.powersgd.PowerSGDConfig`
+      (``rank``, ``min_compression_rate``, ``seed``) and :func:`sync_gradients`' options
+      (``axis_name``, ``axis_size``, ``nonfinite``).
 
   Returns:
     An ``optax.GradientTransformation`` (state :class:`SyncState`; the method state is a
@@ -460,9 +478,7 @@ def powersgd(*, axis_name: str = "data", rank: int = 4, start_iter: int = 0,
     Vogels et al., "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
     Optimization", NeurIPS 2019.
   """
-  return sync_gradients("powersgd", axis_name=axis_name, axis_size=axis_size,
-                        nonfinite=nonfinite, warmup_steps=start_iter, rank=rank,
-                        min_compression_rate=min_compression_rate, seed=seed)
+  return sync_gradients("powersgd", warmup_steps=start_iter, **options)
 
 
 def sync_stats(opt_state) -> SyncStats:

@@ -109,6 +109,8 @@ ROWS = [
      r"target must be in \(0, 1\]"),
     ("PowerSGD seed beyond 64 bits", lambda: sj.methods.make("powersgd", seed=2 ** 70),
      r"seed must be an int in \[-2\*\*63, 2\*\*63\)"),
+    ("an option no method or sync has", lambda: sj.spardl(foo=1),
+     r"method 'spardl' has no option foo; its options are \['alpha', 'beta', 'density'"),
     ("a method spec key given twice",
      lambda: sj.methods.parse("spardl:density=0.1:density=0.2", density=0.01),
      "density given more than once"),
