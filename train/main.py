@@ -195,7 +195,7 @@ def run(args) -> int:
   log.info("%s: %d train / %d test examples; %s on %d %s devices; methods: %s", ds.name,
            len(ds.train), len(ds.test), cfg.model, mesh.size,
            mesh.devices.flat[0].platform, ", ".join(v.label for v in variants))
-  if any("density" in v.options for v in variants):
+  if any(methods.is_sparse(v.method) for v in variants):
     recipe = RECIPES[cfg.recipe][cfg.optimizer]
     log.info("sparse methods use the %r recipe (%s) unless their spec says otherwise%s",
              cfg.recipe, ", ".join(f"{k}={v}" for k, v in recipe.items()) or "no tuning",

@@ -154,7 +154,7 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
       without ``momentum``, ``ramp`` for a method without a density), rather than ignore it.
   """
   tuning = variant.tuning
-  if "density" in variant.options:  # a sparse method: the recipe fills in the rest
+  if sj.methods.is_sparse(variant.method):  # the recipe fills in the rest
     tuning = {**recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
                               steps_per_epoch=steps_per_epoch), **tuning}
   if "freeze" in tuning and cfg.optimizer != "adamw":
@@ -163,7 +163,7 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
   if "masking" in tuning and tuning.get("momentum") is None:
     raise ValueError("masking (DGC's momentum factor masking) needs momentum=M "
                      "(DGC's momentum correction) in the same spec.")
-  if tuning.get("ramp") and "density" not in variant.options:
+  if tuning.get("ramp") and not sj.methods.is_sparse(variant.method):
     raise ValueError(f"ramp (a density warm-up) needs a sparse method with a "
                      f"density; {variant.method!r} has none.")
   return tuning

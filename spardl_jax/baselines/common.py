@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax.core import bruck, messages, schedule, topk
+from spardl_jax.core import bruck, messages, protocol, schedule, topk
 from spardl_jax.core.allreduce import check_dtype
 from spardl_jax.core.sparse import in_worker_order
 
@@ -68,16 +68,18 @@ def init_residual(n: int, p: int, config, dtype=jnp.float32) -> ResidualState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Baseline:
+class Baseline(protocol.FlatVector):
   """The :class:`~spardl_jax.core.protocol.AllReduce` of a baseline module: subclasses set
-  ``name``, ``summary``, ``Config`` and the module's three functions ``allreduce(x, state,
-  config, *, axis_name)``, ``cost(p, n, config, itemsize)`` and (when the state is more than
-  a residual) ``initial(n, p, config, dtype)``, as static methods."""
+  ``name``, ``summary``, ``Config`` and the module's functions ``allreduce(x, state, config,
+  *, axis_name)``, ``cost(p, n, config, itemsize)``, ``paper(p, n, k)`` (its row of the
+  paper's Table 1) and (when the state is more than a residual) ``initial(n, p, config,
+  dtype)``, as static methods."""
 
   config: Any
   # Their top-k selections rank NaN and inf first; Ok-Topk, whose split messages hold the
   # first c selected entries in index order, says otherwise.
   nonfinite_reaches_result: ClassVar[bool] = True
+  sparse: ClassVar[bool] = True  # each keeps a fraction config.density (DensityConfig)
   initial = staticmethod(init_residual)
 
   def init(self, *, n: int, dtype, p: int):
@@ -88,6 +90,9 @@ class Baseline:
 
   def formula(self, *, p: int, n: int, itemsize: int) -> dict:
     return self.cost(p, n, self.config, itemsize)
+
+  def paper_cost(self, *, p: int, n: int, k: int) -> protocol.PaperCost:
+    return self.paper(p, n, k)
 
   def stats(self, *, n: int, p: int, itemsize: int, state, rank):
     del state

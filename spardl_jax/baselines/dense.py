@@ -18,12 +18,13 @@ def formula(p: int, n: int, itemsize: int = 4) -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Stateless:
+class _Stateless(protocol.FlatVector):
   """What the dense all-reduces share: no options, no state, the same bytes on every
   device (their ``formula``), and every NaN or inf reaching the sum."""
 
   Config: ClassVar[None] = None
   nonfinite_reaches_result: ClassVar[bool] = True  # a sum with a NaN or inf is not finite
+  sparse: ClassVar[bool] = False
   config: None = None
 
   def init(self, *, n: int, dtype, p: int) -> tuple:
@@ -33,6 +34,12 @@ class _Stateless:
   def stats(self, *, n: int, p: int, itemsize: int, state, rank):
     del state, rank
     return self.formula(p=p, n=n, itemsize=itemsize)["bytes"], 0
+
+  def paper_cost(self, *, p: int, n: int, k: int) -> protocol.PaperCost:
+    """Not in Table 1: the ring all-reduce's ``2 (P - 1)`` rounds and ``2 (P - 1) / P n``
+    elements (bfloat16 halves their bytes, not their count)."""
+    del k
+    return protocol.PaperCost(2 * (p - 1), (2 * (p - 1) / p * n,) * 2)
 
 
 @protocol.register

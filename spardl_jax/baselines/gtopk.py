@@ -15,6 +15,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
 import jax
@@ -92,6 +93,13 @@ def gtopk_allreduce(x: jax.Array, state: ResidualState, config: GTopkConfig, *,
   return y, ResidualState(residual)
 
 
+def paper(p: int, n: int, k: int) -> protocol.PaperCost:
+  """The paper's Table 1: ``2 log P`` rounds, ``4 k log P`` elements."""
+  del n
+  lg = math.log2(p) if p > 1 else 0.0
+  return protocol.PaperCost(2 * lg, (4 * lg * k,) * 2)
+
+
 @protocol.register
 @dataclasses.dataclass(frozen=True)
 class GTopk(Baseline):
@@ -103,3 +111,4 @@ class GTopk(Baseline):
   config: GTopkConfig
   allreduce = staticmethod(gtopk_allreduce)
   cost = staticmethod(formula)
+  paper = staticmethod(paper)

@@ -191,6 +191,14 @@ def oktopk_allreduce(x: jax.Array, state: OkTopkState, config: OkTopkConfig, *,
                         state.step + 1)
 
 
+def paper(p: int, n: int, k: int) -> protocol.PaperCost:
+  """The paper's Table 1: ``2 (P + log P)`` rounds, ``2 (P - 1) / P k`` to ``6 (P - 1) / P k``
+  elements."""
+  del n
+  f = (p - 1) / p
+  return protocol.PaperCost(2 * (p + (math.log2(p) if p > 1 else 0.0)), (2 * f * k, 6 * f * k))
+
+
 @protocol.register
 @dataclasses.dataclass(frozen=True)
 class OkTopk(Baseline):
@@ -202,6 +210,7 @@ class OkTopk(Baseline):
   config: OkTopkConfig
   allreduce = staticmethod(oktopk_allreduce)
   cost = staticmethod(formula)
+  paper = staticmethod(paper)
   initial = staticmethod(init_state)
   # A region with more than c selected entries sends the first c in index order, so a NaN
   # there may stay behind in the residual: the devices agree through one scalar pmax.

@@ -134,8 +134,14 @@ class PowerSGD:
   summary: ClassVar[str] = "PowerSGD rank-r, error feedback, warm start"
   Config: ClassVar[type] = PowerSGDConfig
   nonfinite_reaches_result: ClassVar[bool] = False  # a NaN can vanish in the projection
+  sparse: ClassVar[bool] = False  # low rank, not a fraction of the entries
+  leafwise: ClassVar[bool] = True
   config: PowerSGDConfig
   shapes: tuple | None = None
+
+  def paper_cost(self, *, p: int, n: int, k: int) -> None:
+    """Not in the paper."""
+    del p, n, k
 
   def for_leaves(self, shapes) -> "PowerSGD":
     """This method for a gradient of these leaf shapes (flattened in order)."""

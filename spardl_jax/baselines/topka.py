@@ -13,6 +13,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
 import jax
@@ -58,6 +59,12 @@ def topka_allreduce(x: jax.Array, state: ResidualState, config: TopkAConfig, *,
   return y, ResidualState(g.at[offsets].set(0))
 
 
+def paper(p: int, n: int, k: int) -> protocol.PaperCost:
+  """The paper's Table 1: ``log P`` rounds, ``2 (P - 1) k`` elements."""
+  del n
+  return protocol.PaperCost(math.log2(p) if p > 1 else 0.0, (2 * (p - 1) * k,) * 2)
+
+
 @protocol.register
 @dataclasses.dataclass(frozen=True)
 class TopkA(Baseline):
@@ -69,3 +76,4 @@ class TopkA(Baseline):
   config: TopkAConfig
   allreduce = staticmethod(topka_allreduce)
   cost = staticmethod(formula)
+  paper = staticmethod(paper)

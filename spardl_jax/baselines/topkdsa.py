@@ -140,6 +140,14 @@ def topkdsa_allreduce(x: jax.Array, state: ResidualState, config: TopkDSAConfig,
   return y, ResidualState(residual)
 
 
+def paper(p: int, n: int, k: int) -> protocol.PaperCost:
+  """The paper's Table 1: ``P + 2 log P`` rounds, ``4 (P - 1) / P k`` to ``(P - 1) / P (2 k +
+  n)`` elements (sparse to dense)."""
+  f = (p - 1) / p
+  return protocol.PaperCost(p + 2 * (math.log2(p) if p > 1 else 0.0),
+                            (4 * f * k, f * (2 * k + n)))
+
+
 @protocol.register
 @dataclasses.dataclass(frozen=True)
 class TopkDSA(Baseline):
@@ -151,3 +159,4 @@ class TopkDSA(Baseline):
   config: TopkDSAConfig
   allreduce = staticmethod(topkdsa_allreduce)
   cost = staticmethod(formula)
+  paper = staticmethod(paper)

@@ -347,12 +347,13 @@ def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult, in_result: j
 
 @protocol.register
 @dataclasses.dataclass(frozen=True)
-class SparDL:
+class SparDL(protocol.FlatVector):
   """SparDL (:func:`spardl_allreduce`) as a registered :class:`~spardl_jax.core.protocol.AllReduce`."""
 
   name: ClassVar[str] = "spardl"
   summary: ClassVar[str] = "SparDL (SRS + SAG + Bruck + GRES)"
   Config: ClassVar[type] = SparDLConfig
+  sparse: ClassVar[bool] = True
   # Every selection (SRS, own block, R-SAG merges, B-SAG's top-h with h >= 1) keeps the
   # largest keys first, and NaN/inf keys are the largest: they always reach y.
   nonfinite_reaches_result: ClassVar[bool] = True
@@ -366,6 +367,10 @@ class SparDL:
     # Callers apply their own agreed policy (sync_gradients, methods.sharded) around it.
     return spardl_allreduce(x, state, self.config, axis_name=axis_name,
                             nonfinite="propagate")
+
+  def paper_cost(self, *, p: int, n: int, k: int) -> protocol.PaperCost:
+    teams, _ = resolve_teams(self.config, p, n, itemsize=4)
+    return cost.spardl_paper_cost(p, k, teams, sag=self.config.sag)
 
   def formula(self, *, p: int, n: int, itemsize: int, h=None) -> dict:
     teams, _ = resolve_teams(self.config, p, n, itemsize)

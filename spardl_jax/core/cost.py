@@ -13,9 +13,10 @@ import math
 
 from spardl_jax.core import messages
 from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G, BlockLayout
+from spardl_jax.core.protocol import PaperCost
 
-__all__ = ["ETHERNET_10G", "INFINIBAND_100G", "choose_teams", "modeled_seconds", "paper_table1",
-           "sag_kind", "spardl_cost", "spardl_formula", "wire_format"]
+__all__ = ["ETHERNET_10G", "INFINIBAND_100G", "choose_teams", "modeled_seconds", "sag_kind",
+           "spardl_cost", "spardl_formula", "spardl_paper_cost", "wire_format"]
 
 
 def sag_kind(teams: int, sag: str) -> str:
@@ -102,31 +103,14 @@ def choose_teams(p: int, n: int, density: float, *, alpha: float, beta: float,
       beta=beta), d))
 
 
-def paper_table1(method: str, p: int, n: int, k: int, d: int = 1, *, sag: str = "auto"
-                 ) -> dict:
-  """The paper's Table 1 for one method: ``rounds`` (latency, in alpha) and ``elements``
-  (bandwidth, ``(low, high)`` in beta per element), with ``log = log2`` and ``k`` the total
-  number of selected entries. Dense is the ring all-reduce (not in the table)."""
+def spardl_paper_cost(p: int, k: int, d: int = 1, *, sag: str = "auto") -> PaperCost:
+  """SparDL's rows of the paper's Table 1 for ``d`` teams, with ``log = log2`` and ``k`` the
+  total number of selected entries."""
   lg = math.log2(p) if p > 1 else 0.0
-  f = (p - 1) / p
-  if method in ("dense", "dense_bf16"):  # the same elements (bfloat16 halves their bytes)
-    return {"rounds": 2 * (p - 1), "elements": (2 * f * n,) * 2}
-  if method == "topka":
-    return {"rounds": lg, "elements": (2 * (p - 1) * k,) * 2}
-  if method == "topkdsa":
-    return {"rounds": p + 2 * lg, "elements": (4 * f * k, f * (2 * k + n))}
-  if method == "gtopk":
-    return {"rounds": 2 * lg, "elements": (4 * lg * k,) * 2}
-  if method == "oktopk":
-    return {"rounds": 2 * (p + lg), "elements": (2 * f * k, 6 * f * k)}
-  if method != "spardl":
-    raise ValueError(f"paper_table1: unknown method {method!r}.")
   if d == 1:
-    return {"rounds": 2 * lg, "elements": (4 * f * k,) * 2}
+    return PaperCost(2 * lg, (4 * (p - 1) / p * k,) * 2)
   lq, ld = math.log2(p / d), math.log2(d)
   if sag_kind(d, sag) == "recursive":
-    return {"rounds": 2 * lq + ld,
-            "elements": (2 * ((2 * p - 2 * d) / p + d / p * ld) * k,) * 2}
-  return {"rounds": 2 * lq + ld,
-          "elements": (2 * (d * d + p - 2 * d) / (p * d) * k,
-                       2 * (d * d + 2 * p - 3 * d) / p * k)}
+    return PaperCost(2 * lq + ld, (2 * ((2 * p - 2 * d) / p + d / p * ld) * k,) * 2)
+  return PaperCost(2 * lq + ld, (2 * (d * d + p - 2 * d) / (p * d) * k,
+                                 2 * (d * d + 2 * p - 3 * d) / p * k))

@@ -20,6 +20,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from spardl_jax.core.protocol import residual
+
 NonFinite = Literal["skip", "propagate"]
 POLICIES = ("skip", "propagate")
 
@@ -42,9 +44,9 @@ def any_device(reaches_result: bool, x: jax.Array, state: Any, y: jax.Array,
   if reaches_result:
     return ~jnp.all(jnp.isfinite(y))
   local_bad = ~jnp.all(jnp.isfinite(x))
-  residual = getattr(state, "residual", None)
-  if residual is not None:
-    local_bad |= ~jnp.all(jnp.isfinite(residual))
+  owed = residual(state)
+  if owed is not None:
+    local_bad |= ~jnp.all(jnp.isfinite(owed))
   return jax.lax.pmax(local_bad.astype(jnp.int32), axis_name) > 0
 
 

@@ -10,7 +10,7 @@ core and the baselines can both register here without knowing of each other.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import jax
 
@@ -28,14 +28,33 @@ class AllReduce(Protocol):
       state) always reaches the result (as when every selection ranks them above finite
       values and nothing is held back for capacity): the result, bit-identical everywhere,
       then tells every device about it with no extra communication.
+    sparse: True when the method keeps a fraction ``config.density`` of the entries (the
+      trainer gives sparse methods its convergence recipe).
+    leafwise: True when the method works per gradient leaf and needs :meth:`for_leaves`
+      before ``init`` (PowerSGD); False when it sees one flat vector.
     config: an instance of ``Config`` (or None).
+
+  A method whose state carries error feedback keeps it in a field named ``residual`` (see
+  :class:`HasResidual`): a dense warm-up delivers it, a checkpoint folds it, statistics
+  report its norm. :class:`FlatVector` gives the defaults of a method that sees one flat
+  vector.
   """
 
   name: ClassVar[str]
   summary: ClassVar[str]
   Config: ClassVar[type | None]
   nonfinite_reaches_result: ClassVar[bool]
+  sparse: ClassVar[bool]
+  leafwise: ClassVar[bool]
   config: Any
+
+  def for_leaves(self, shapes) -> "AllReduce":
+    """This all-reduce for a gradient whose float leaves have these shapes, flattened in
+    order (itself, for a method that sees one flat vector)."""
+
+  def paper_cost(self, *, p: int, n: int, k: int) -> "PaperCost | None":
+    """The paper's Table 1 row for this method with ``k`` selected entries in all (the ring
+    all-reduce for dense methods), or None for a method the paper does not cost."""
 
   def init(self, *, n: int, dtype: Any, p: int) -> Any:
     """The per-device state for a flat ``(n,)`` gradient of ``dtype`` on ``p`` devices: a
@@ -55,13 +74,49 @@ class AllReduce(Protocol):
   def formula(self, *, p: int, n: int, itemsize: int) -> dict:
     """Per-worker cost: ``{'rounds', 'bytes', ...}``, ``bytes`` the most any worker sends."""
 
+class PaperCost(NamedTuple):
+  """A row of the paper's Table 1: ``rounds`` (latency, in alpha) and ``elements``
+  (bandwidth, ``(low, high)`` float32 words a worker sends, in beta per element)."""
+
+  rounds: float
+  elements: tuple[float, float]
+
+
+@runtime_checkable
+class HasResidual(Protocol):
+  """A method state that carries error feedback: ``residual`` ``(n,)``, the gradient mass
+  this device still owes the next syncs."""
+
+  residual: jax.Array
+
+
+def residual(state) -> jax.Array | None:
+  """The residual of a method's per-device state, or None for a method that keeps none."""
+  return state.residual if isinstance(state, HasResidual) else None
+
+
+class FlatVector:
+  """The defaults of an all-reduce that sees one flat vector: no leaf shapes to bind."""
+
+  leafwise: ClassVar[bool] = False
+
+  def for_leaves(self, shapes) -> "FlatVector":
+    del shapes
+    return self
+
+  def paper_cost(self, *, p: int, n: int, k: int) -> PaperCost | None:
+    del p, n, k
+    return None
+
+
 Method = TypeVar("Method", bound=type)
 _REGISTRY: dict[str, type] = {}
 
 def register(cls: Method) -> Method:
   """Class decorator: adds an :class:`AllReduce` implementation under ``cls.name``."""
-  for attribute in ("name", "summary", "Config", "nonfinite_reaches_result", "init", "apply",
-                    "stats", "formula"):
+  for attribute in ("name", "summary", "Config", "nonfinite_reaches_result", "sparse",
+                    "leafwise", "for_leaves", "paper_cost", "init", "apply", "stats",
+                    "formula"):
     if not hasattr(cls, attribute):
       raise TypeError(f"register: {cls.__name__} lacks {attribute!r} of the AllReduce protocol.")
   if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:

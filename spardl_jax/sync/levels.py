@@ -87,16 +87,15 @@ def build(method: str, options: dict[str, Any], *, warmup_steps: int) -> list[Le
       continue  # entirely inside the dense warm-up
     level_options = dict(options) if density is None else {**options, "density": d}
     allreduce = methods.make(method, **level_options)
-    kept = getattr(allreduce.config, "density", 1.0)
+    kept = allreduce.config.density if allreduce.sparse else 1.0
     levels.append(Level(max(start, int(warmup_steps)), allreduce, False, float(kept)))
   return levels
 
 
 def for_leaves(levels: list[Level], shapes) -> list[Level]:
-  """``levels`` with each all-reduce that works per leaf (it has ``for_leaves``, as
-  PowerSGD) bound to the gradient's float leaf shapes, in flattening order."""
-  return [level._replace(allreduce=level.allreduce.for_leaves(shapes))
-          if hasattr(level.allreduce, "for_leaves") else level for level in levels]
+  """``levels`` with each all-reduce bound to the gradient's float leaf shapes, in
+  flattening order (a method that sees one flat vector stays as it is)."""
+  return [level._replace(allreduce=level.allreduce.for_leaves(shapes)) for level in levels]
 
 
 def density_warmup(target: float, *, steps: int, start: float = 0.25, factor: float = 4.0,

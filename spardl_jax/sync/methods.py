@@ -44,6 +44,12 @@ def dense() -> AllReduce:
   return make("dense")
 
 
+def is_sparse(name: str) -> bool:
+  """Whether the registered method ``name`` keeps a fraction of the entries (its
+  ``sparse``): the trainer's convergence recipe is for those."""
+  return protocol.registered()[name].sparse
+
+
 def parse_teams(text: str):
   """A ``teams`` value from text: an int or ``'auto'``."""
   return text if text == "auto" else int(text)

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from spardl_jax.core import flat as flat_vector
+from spardl_jax.core import protocol
 from spardl_jax.core import nonfinite as nonfinite_policy
 from spardl_jax.core.allreduce import axis_size as bound_axis_size
 from spardl_jax.core.allreduce import bound_axes
@@ -157,11 +158,10 @@ def _run_level(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, 
   """One level's sync of ``x``: ``(y, new_local, bytes_sent, h)``, typed alike for every
   level so that ``lax.switch`` can choose among them."""
   if level.dense:  # deliver the residual's mass too, and empty it
-    residual = getattr(local, "residual", None)
-    y, _ = level.allreduce.apply(x if residual is None else x + residual, (),
-                                 axis_name=axis_name)
-    if residual is not None:
-      local = local._replace(residual=jnp.zeros_like(residual))
+    owed = protocol.residual(local)
+    y, _ = level.allreduce.apply(x if owed is None else x + owed, (), axis_name=axis_name)
+    if owed is not None:
+      local = local._replace(residual=jnp.zeros_like(owed))
     bytes_sent, h = level.allreduce.stats(n=n, p=p, itemsize=itemsize, state=(), rank=None)
   else:
     y, local = level.allreduce.apply(x, local, axis_name=axis_name)
@@ -182,7 +182,7 @@ class _Shapes(NamedTuple):
 
 def _stats(y, new_local, bytes_sent, h, bad, old: SyncStats, *, density) -> SyncStats:
   """Stage 5: this sync's :class:`SyncStats`, from what every device already holds."""
-  residual = getattr(new_local, "residual", None)
+  residual = protocol.residual(new_local)
   return SyncStats(
       selected=jnp.count_nonzero(y).astype(jnp.int32)[None],
       bytes_sent=bytes_sent[None],
@@ -378,9 +378,9 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     # (delivered or still owed mass) carries over.
     entering = jnp.isin(count, starts[1:])
     fresh = fresh_state(shapes.levels, shapes.n, shapes.dtype, p)
-    residual = getattr(local, "residual", None)
-    if residual is not None:
-      fresh = fresh._replace(residual=residual)
+    owed = protocol.residual(local)
+    if owed is not None:
+      fresh = fresh._replace(residual=owed)
     local = jax.tree.map(lambda a, b: jnp.where(entering, a, b), fresh, local)
     y, new_local, bytes_sent, h = jax.lax.switch(
         index, [functools.partial(run, level) for level in shapes.levels], x, local)

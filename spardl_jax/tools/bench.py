@@ -52,7 +52,7 @@ def flat_methods() -> tuple[str, ...]:
   """The registered methods that sync one flat vector. PowerSGD needs the leaf shapes of a
   model (it all-reduces a flat vector dense); the trainer benchmarks it."""
   return tuple(m for m in _methods.names()
-               if not hasattr(protocol.registered()[m], "for_leaves"))
+               if not protocol.registered()[m].leafwise)
 
 PAPER_SIZES = [14_700_000, 20_100_000, 23_500_000, 9_200_000, 35_200_000, 66_000_000,
                133_500_000]
@@ -227,7 +227,7 @@ def run(args) -> list[dict]:
             for _ in range(3):
               jax.block_until_ready(compiled(x, state))
       k = max(1, round(args.density * n))
-      paper = cost.paper_table1(method.name, p, n, k, d or 1, sag=args.sag)
+      paper = method.paper_cost(p=p, n=n, k=k)
       rows.append({
           "n": n, "devices": p, "method": label, "teams": d, "density": args.density,
           "hlo_rounds": hlo_rounds, "hlo_bytes_per_device": hlo_bytes,
@@ -237,7 +237,8 @@ def run(args) -> list[dict]:
           "modeled_ib_s": (hlo_rounds * cost.INFINIBAND_100G["alpha"]
                            + hlo_bytes * cost.INFINIBAND_100G["beta"]),
           "model_pick": d == best,
-          "paper_latency_rounds": paper["rounds"], "paper_bandwidth_elements": paper["elements"],
+          "paper_latency_rounds": paper and paper.rounds,
+          "paper_bandwidth_elements": paper and paper.elements,
           "hlo_elements": hlo_bytes // 4,
           "other_collectives": [c.op for c in measured.others],
       })
@@ -263,7 +264,7 @@ def format_table1(rows: list[dict]) -> str:
   head = ("| P | n | method | paper latency (rounds) | measured rounds | paper bandwidth "
           "(elements) | measured elements |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
-  for r in rows:
+  for r in (r for r in rows if r["paper_latency_rounds"] is not None):  # methods it costs
     low, high = r["paper_bandwidth_elements"]
     band = f"{low:,.0f}" if low == high else f"[{low:,.0f}, {high:,.0f}]"
     lines.append(f"| {r['devices']} | {r['n']:,} | {r['method']} | "
