@@ -16,6 +16,7 @@ The package is layered; dependencies point one way:
 from spardl_jax.core import schedule
 from spardl_jax.core.allreduce import SparDLState, init_state, spardl_allreduce
 from spardl_jax.core.config import BlockLayout, SparDLConfig
+from spardl_jax.core.protocol import AllReduce, FlatVector, register
 from spardl_jax.parallel import distributed
 from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
@@ -28,7 +29,9 @@ from spardl_jax.sync.transform import (SyncState, SyncStats, powersgd, spardl, s
 from spardl_jax.tools import traffic
 
 __all__ = (
+    "AllReduce",
     "BlockLayout",
+    "FlatVector",
     "SparDLConfig",
     "SparDLState",
     "ScaleByFrozenAdamState",
@@ -43,6 +46,7 @@ __all__ = (
     "opt_state_shardings",
     "opt_state_specs",
     "powersgd",
+    "register",
     "scale_by_frozen_adam",
     "schedule",
     "sharded_allreduce",

@@ -161,21 +161,20 @@ def _teams(args, p: int) -> list[int]:
 def _variants(args, p: int):
   """``(label, method, teams)`` for every method (SparDL once per team count and wire
   format)."""
-  from spardl_jax.core import cost, protocol
+  from spardl_jax.core import cost
   from spardl_jax.sync import methods
 
   for name in args.methods:
-    if protocol.registered()[name].Config is None:  # dense, dense_bf16: no options
-      yield name, methods.make(name), None
-    elif name == "spardl":
+    if name == "spardl":
       for d in _teams(args, p):
         for wire in args.wire:
           label = "spardl" + ("" if wire == "exact" else f" {wire}") + (
               "" if d == 1 else f" d={d} ({cost.sag_kind(d, args.sag)[0].upper()}-SAG)")
           yield label, methods.make("spardl", density=args.density, teams=d, sag=args.sag,
                                     wire=wire), d
-    else:
-      yield name, methods.make(name, density=args.density), None
+    else:  # a sparse method at --density; the others with their defaults
+      yield name, methods.make(name, **({"density": args.density}
+                                        if methods.is_sparse(name) else {})), None
 
 
 def run(args) -> list[dict]:
