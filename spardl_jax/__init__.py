@@ -22,7 +22,8 @@ from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
 from spardl_jax.sync.levels import density_warmup
 from spardl_jax.sync.adam import ScaleByFrozenAdamState, scale_by_frozen_adam
-from spardl_jax.sync.data_parallel import init_opt_state, opt_state_shardings, opt_state_specs
+from spardl_jax.sync.data_parallel import (fold_rules, init_opt_state, opt_state_shardings,
+                                           opt_state_specs)
 from spardl_jax.sync.methods import sharded_allreduce
 from spardl_jax.sync.transform import (SyncState, SyncStats, powersgd, spardl, sync_gradients,
                                        sync_stats)
@@ -40,6 +41,7 @@ __all__ = (
     "bounded_dispatch",
     "density_warmup",
     "distributed",
+    "fold_rules",
     "init_opt_state",
     "init_state",
     "methods",

@@ -7,7 +7,8 @@ history, and for a checkpoint taken inside an epoch the position in it (the Grai
 state and the metrics of the steps taken), so a resume mid-epoch repeats the rest exactly.
 
 A checkpoint can also be restored onto a different number of devices ``P'``. The per-device
-leaves are then rebuilt so that no gradient mass is lost:
+leaves are then rebuilt so that no gradient mass is lost, each by the rule its state type
+declares (:func:`spardl_jax.fold_rules`):
 
 * every ``residual`` and every momentum-correction ``velocity`` is folded to its sum over
   the ``P`` saved rows and spread evenly over ``P'`` rows (the sum is taken in float64; the
@@ -31,6 +32,9 @@ import sys
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+import spardl_jax as sj
+from spardl_jax.core import protocol as sj_protocol
 
 log = logging.getLogger("train")
 
@@ -113,17 +117,24 @@ def _axis_size(sharding, spec) -> int:
   return dict(zip(sharding.axis_names, sharding.shape))[spec[0]]
 
 
-def _redistribute(path: tuple[str, ...], saved: np.ndarray, like: jax.Array,
+def _redistribute(rule: str, saved: np.ndarray, like: jax.Array,
                   old_devices: int) -> np.ndarray:
+  """A per-device leaf saved on ``old_devices`` rebuilt on ``like``'s devices by its
+  :func:`spardl_jax.fold_rules` rule (each device's rows are a contiguous slice of the
+  leading axis, one row or several)."""
+  if rule == sj_protocol.FRESH:
+    return np.asarray(like)
   devices = like.sharding.mesh.shape[like.sharding.spec[0]]
-  if path[-1] in ("residual", "velocity"):
-    return fold_residual(saved, devices)
-  if path[-1] == "count":
-    return np.full((devices,), saved[0], saved.dtype)
-  if "acc_grads" in path:
-    mean = saved.reshape(old_devices, -1, *saved.shape[1:]).mean(axis=0)
-    return np.concatenate([mean] * devices).astype(saved.dtype)
-  return np.asarray(like)
+  rows = saved.reshape(old_devices, -1, *saved.shape[1:])  # (device, its rows, ...)
+  if rule == sj_protocol.SUM:
+    out = fold_residual(rows.reshape(old_devices, -1), devices).reshape(devices, *rows.shape[1:])
+  elif rule == sj_protocol.SAME:
+    out = np.repeat(rows[:1], devices, axis=0)
+  elif rule == sj_protocol.MEAN:
+    out = np.repeat(rows.mean(axis=0, keepdims=True), devices, axis=0)
+  else:
+    raise ValueError(f"unknown fold rule {rule!r}")
+  return out.reshape(-1, *saved.shape[1:]).astype(saved.dtype)
 
 
 class CheckpointMismatch(ValueError):
@@ -206,6 +217,7 @@ def _restore(mgr: ocp.CheckpointManager, step: int, like):
   if not saved:
     raise Unreadable("its train state lists no arrays")
   leaves, treedef = jax.tree.flatten(like)
+  rules = jax.tree.leaves(sj.fold_rules(like))
   paths = _paths(like)
   changed = _check_fits(step, mgr.directory, saved, paths, leaves)
   # Leaves to rebuild are read whole onto one local device, the rest with their shardings.
@@ -220,7 +232,7 @@ def _restore(mgr: ocp.CheckpointManager, step: int, like):
   for i in sorted(changed):
     meta = saved[paths[i]].sharding
     old_devices = _axis_size(meta, meta.partition_spec)
-    rows = _redistribute(paths[i], np.asarray(out[i]), leaves[i], old_devices)
+    rows = _redistribute(rules[i], np.asarray(out[i]), leaves[i], old_devices)
     out[i] = jax.make_array_from_callback(rows.shape, leaves[i].sharding,
                                           lambda index, a=rows: a[index])
   if changed:

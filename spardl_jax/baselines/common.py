@@ -60,6 +60,8 @@ class ResidualState(NamedTuple):
 
   residual: jax.Array
 
+  FOLD = {"residual": protocol.SUM}
+
 
 def init_residual(n: int, p: int, config, dtype=jnp.float32) -> ResidualState:
   """The initial state of a baseline that keeps only a residual: zeros, for any ``p``."""

@@ -81,6 +81,8 @@ class OkTopkState(NamedTuple):
   boundaries: jax.Array
   step: jax.Array
 
+  FOLD = {"residual": protocol.SUM}  # thresholds and regions depend on P: restarted
+
 
 def init_state(n: int, p: int, config: OkTopkConfig, dtype=jnp.float32) -> OkTopkState:
   """Zero residual, thresholds to be estimated at step 0, ``P`` equal regions."""

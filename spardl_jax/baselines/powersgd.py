@@ -83,6 +83,8 @@ class PowerSGDState(NamedTuple):
   residual: jax.Array
   qs: tuple
 
+  FOLD = {"residual": protocol.SUM, "qs": protocol.SAME}
+
 
 class Leaf(NamedTuple):
   """One leaf of the flat gradient: where it starts, its 2-D view, the rank of its factors

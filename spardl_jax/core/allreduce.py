@@ -37,6 +37,8 @@ class SparDLState(NamedTuple):
   residual: jax.Array
   controller: h_controller.HState
 
+  FOLD = {"residual": protocol.SUM}  # the controller depends on P: restarted
+
 
 # Selection keys are the float32 bits of |value| (core/topk.py): exact for these dtypes only.
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")

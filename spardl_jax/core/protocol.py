@@ -82,6 +82,14 @@ class PaperCost(NamedTuple):
   elements: tuple[float, float]
 
 
+# How a per-device state leaf moves onto another number of devices (a state type declares
+# them per field in a class attribute FOLD; a field it leaves out restarts from init):
+SUM = "sum"      # a per-device sum of gradient mass: fold to its total, spread evenly
+SAME = "same"    # equal on every device: every new device gets it
+MEAN = "mean"    # a per-device sample: every new device gets the mean
+FRESH = "fresh"  # depends on the device count: restarted
+
+
 @runtime_checkable
 class HasResidual(Protocol):
   """A method state that carries error feedback: ``residual`` ``(n,)``, the gradient mass

@@ -19,6 +19,7 @@ import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from spardl_jax.core import protocol
 from spardl_jax.sync.transform import SyncState
 
 
@@ -49,6 +50,32 @@ def _specs(state, axis_name: str):
 
   return jax.tree.map(spec, state, is_leaf=lambda x: isinstance(
       x, (SyncState, optax.MultiStepsState)))
+
+
+# optax's own state types, whose per-device leaves are ours to fold.
+_FOLDS = {optax.MultiStepsState: {"acc_grads": protocol.MEAN}}
+
+
+def _declares(node) -> bool:
+  return isinstance(node, tuple) and (type(node) in _FOLDS or hasattr(type(node), "FOLD"))
+
+
+def fold_rules(tree, rule: str = protocol.FRESH):
+  """How each leaf of ``tree`` (a train state, an optimizer state) moves onto another number
+  of devices: a pytree of ``tree``'s structure holding, per leaf, one of
+  :data:`~spardl_jax.core.protocol.SUM` (per-device sums of gradient mass: residuals and
+  velocities), ``SAME`` (equal on every device: the sync's step count), ``MEAN`` (the
+  gradients an ``optax.MultiSteps`` accumulated) or ``FRESH`` (restarted, e.g. a controller
+  that depends on the device count). Each state type declares its fields' rules in ``FOLD``;
+  a rule covers its field's whole subtree unless a state inside declares its own."""
+  def one(node):
+    if not _declares(node):
+      return rule
+    fold = _FOLDS.get(type(node)) or type(node).FOLD
+    return type(node)(*(fold_rules(child, fold.get(field, rule))
+                        for field, child in zip(node._fields, node)))
+
+  return jax.tree.map(one, tree, is_leaf=_declares)
 
 
 def _local_state(tx: optax.GradientTransformation, params, mesh):

@@ -74,6 +74,9 @@ class SyncState(NamedTuple):
   count: jax.Array
   stats: SyncStats
 
+  # The method state declares its own; the statistics depend on P and restart.
+  FOLD = {"velocity": protocol.SUM, "count": protocol.SAME}
+
 
 def _float_leaves(tree) -> tuple[list, Any]:
   leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]

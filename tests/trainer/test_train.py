@@ -9,6 +9,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -232,9 +233,17 @@ def test_redistribution_rules():
   mesh = make_mesh(4)
   like = jax.device_put(jnp.zeros((4 * 3, 5)), jax.sharding.NamedSharding(mesh, P("data")))
   acc = rng.standard_normal((8 * 3, 5)).astype(np.float32)
-  rows = checkpoint._redistribute(("opt_state", "acc_grads", "w"), acc, like, 8)
+  rows = checkpoint._redistribute(sj.core.protocol.MEAN, acc, like, 8)
   np.testing.assert_allclose(rows.reshape(4, 3, 5).mean(0), acc.reshape(8, 3, 5).mean(0),
                              rtol=1e-6)
+  # The rules come from the state types: what each leaf of a real optimizer state gets.
+  params = {"w": jnp.zeros((40,))}
+  tx = optax.MultiSteps(optax.chain(sj.spardl(density=0.1, momentum=0.9), optax.sgd(0.1)), 2)
+  rules = sj.fold_rules(sj.init_opt_state(tx, params, mesh))
+  sync = rules.inner_opt_state[0]
+  assert (sync.method_state.residual, sync.velocity, sync.count) == ("sum", "sum", "same")
+  assert set(jax.tree.leaves((sync.method_state.controller, sync.stats))) == {"fresh"}
+  assert rules.acc_grads == {"w": "mean"} and rules.mini_step == "fresh"
 
 
 @pytest.mark.parametrize("flags,message", [
