@@ -16,6 +16,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from spardl_jax.baselines.common import ResidualState
 from spardl_jax.parallel import launch
 from train import checkpoint
 from train.train import make_mesh
@@ -29,7 +30,7 @@ def make_state(value, rows=(3, 4), devices=2, n=6):
   params = jax.device_put(jnp.full(rows, value, jnp.float32), NamedSharding(mesh, P()))
   residual = jax.device_put(jnp.full((devices, n), value, jnp.float32),
                             NamedSharding(mesh, P("data")))
-  return {"params": params, "opt": {"residual": residual}}
+  return {"params": params, "opt": ResidualState(residual)}  # its type says: fold the sum
 
 
 def write(directory, steps, **shape):
@@ -102,7 +103,7 @@ def test_no_good_checkpoint_is_lost_for_a_bad_one(tmp_path, caplog, capfd, fault
   step, state, _ = checkpoint.restore_latest(mgr, make_state(0.0))
   good = 10 if "10" not in broken else 5
   assert step == good
-  np.testing.assert_array_equal(np.asarray(state["opt"]["residual"]), float(good))
+  np.testing.assert_array_equal(np.asarray(state["opt"].residual), float(good))
   assert f"checkpoint {broken[0]} in" in caplog.text and "moved to" in caplog.text
   # One warning line: the readers' own tracebacks (about 30 for a corrupt file) held back.
   assert "Traceback" not in caplog.text + capfd.readouterr().err
@@ -134,7 +135,7 @@ def test_another_train_state_names_the_leaves_on_one_side_only(tmp_path):
   write(tmp_path, [1])
   mgr = checkpoint.manager(tmp_path)
   like = make_state(0.0)
-  like["opt"] = {"residual": like["opt"]["residual"], "velocity": like["opt"]["residual"]}
+  like["opt"] = {"residual": like["opt"].residual, "velocity": like["opt"].residual}
   with pytest.raises(checkpoint.CheckpointMismatch,
                      match=r"holds another train state .*opt/velocity"):
     checkpoint.restore_latest(mgr, like)
@@ -149,7 +150,7 @@ def test_another_shape_names_the_leaf_and_both_shapes(tmp_path):
   # The per-device leaves may differ in their device count (restore onto other devices).
   step, state, _ = restore(tmp_path, rows=(5, 4), devices=4)
   assert step == 1
-  np.testing.assert_allclose(np.asarray(state["opt"]["residual"]).sum(0), 2.0)
+  np.testing.assert_allclose(np.asarray(state["opt"].residual).sum(0), 2.0)
 
 
 def test_a_writer_killed_mid_save_leaves_only_whole_checkpoints(tmp_path):
@@ -179,4 +180,4 @@ def test_a_writer_killed_mid_save_leaves_only_whole_checkpoints(tmp_path):
   step, state, _ = restore(tmp_path, rows=(1024, 2048))
   assert step >= 1
   np.testing.assert_array_equal(np.asarray(state["params"]), float(step))
-  np.testing.assert_array_equal(np.asarray(state["opt"]["residual"]), float(step))
+  np.testing.assert_array_equal(np.asarray(state["opt"].residual), float(step))
