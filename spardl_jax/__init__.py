@@ -10,7 +10,9 @@ The package is layered; dependencies point one way:
 * :mod:`spardl_jax.parallel` — multi-process setup, per-process batch rows, the launcher;
 * :mod:`spardl_jax.tools` — HLO traffic, the benchmarks.
 
-``python -m spardl_jax.bench | .launch | .netbench | .schedule`` are the command lines.
+The command lines are console scripts (``spardl-bench``, ``spardl-netbench``,
+``spardl-launch``, ``spardl-schedule``), the same as ``python -m`` of their modules
+(``spardl_jax.tools.bench``, ``.tools.netbench``, ``.parallel.launch``, ``.core.schedule``).
 """
 
 from spardl_jax.core import schedule

@@ -33,7 +33,7 @@ def executable(p, n, config, dtype=jnp.float32):
 
 @functools.lru_cache(maxsize=None)
 def _executable(p, n, config, dtype):
-  return _lower(compiled(p, config), sj.methods.spardl(config), p, n, dtype).compile()
+  return _lower(compiled(p, config), sj.methods.from_config(config), p, n, dtype).compile()
 
 
 def put(p, tree):
@@ -44,7 +44,7 @@ def put(p, tree):
 
 def rows(p, n, config, dtype=jnp.float32, residuals=None):
   """The (P, ...) state of P devices, sharded; `residuals` (P, n) replaces the zeros."""
-  state = sj.methods.init_rows(sj.methods.spardl(config), p, n, dtype)
+  state = sj.methods.init_rows(sj.methods.from_config(config), p, n, dtype)
   if residuals is not None:
     state = state._replace(residual=np.asarray(residuals, np.dtype(dtype)))
   return put(p, state)

@@ -99,7 +99,7 @@ def _parse_args(argv):
                  help="on an error, print the full traceback instead of one line")
   p.add_argument("--distributed", action="store_true",
                  help="join a multi-host job detected by jax.distributed.initialize() "
-                      "(SLURM, Open MPI, ...); python -m spardl_jax.launch needs no flag")
+                      "(SLURM, Open MPI, ...); python -m spardl_jax.parallel.launch needs no flag")
   return p.parse_args(argv)
 
 
@@ -165,7 +165,7 @@ def run(args) -> int:
   from spardl_jax import distributed
   from train.train import simulate_devices
 
-  # A multi-process job (python -m spardl_jax.launch, or --distributed on a cluster) sets
+  # A multi-process job (python -m spardl_jax.parallel.launch, or --distributed on a cluster) sets
   # its local devices itself; --devices then counts the devices of all processes.
   if not distributed.initialize(auto=args.distributed):
     simulate_devices(args.devices or SIMULATED_DEVICES)

@@ -18,6 +18,9 @@ from spardl_jax.core import bruck, messages, protocol, schedule, topk
 from spardl_jax.core.allreduce import check_dtype
 from spardl_jax.core.sparse import in_worker_order
 
+__all__ = ['topk_count', 'local_topk', 'densify', 'allgather', 'ResidualState', 'init_residual',
+           'Baseline', 'check_local', 'exchange']
+
 
 def topk_count(density: float, n: int) -> int:
   """``k = min(n, max(1, ceil(density * n)))``: the entries a whole-vector top-k keeps."""

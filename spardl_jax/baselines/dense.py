@@ -11,6 +11,8 @@ import jax.numpy as jnp
 
 from spardl_jax.core import protocol
 
+__all__ = ['formula', 'Dense', 'ring_formula', 'ring_allreduce', 'DenseBF16']
+
 
 def formula(p: int, n: int, itemsize: int = 4) -> dict:
   """A ring all-reduce: ``2 (P - 1)`` rounds, ``2 (P - 1) / P * n`` elements per device."""

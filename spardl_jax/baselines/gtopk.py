@@ -27,6 +27,8 @@ from spardl_jax.core import messages, protocol
 from spardl_jax.core.config import DensityConfig
 from spardl_jax.core.sparse import INVALID, merge_with_partner
 
+__all__ = ['GTopkConfig', 'reduce_pairs', 'formula', 'gtopk_allreduce', 'paper', 'GTopk']
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GTopkConfig(DensityConfig):

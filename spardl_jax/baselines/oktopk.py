@@ -43,6 +43,9 @@ from spardl_jax.core import messages, protocol, topk
 from spardl_jax.core.config import DensityConfig, check_positive
 from spardl_jax.core.sparse import INVALID, Union, sparse_sum, top_of_union
 
+__all__ = ['OkTopkConfig', 'OkTopkState', 'init_state', 'capacity', 'formula', 'oktopk_allreduce',
+           'paper', 'OkTopk']
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OkTopkConfig(DensityConfig):

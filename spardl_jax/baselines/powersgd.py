@@ -39,6 +39,8 @@ from spardl_jax.baselines.common import check_local
 from spardl_jax.baselines.dense import formula as dense_formula
 from spardl_jax.core import flat, protocol
 
+__all__ = ['PowerSGDConfig', 'PowerSGDState', 'Leaf', 'plan', 'PowerSGD']
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PowerSGDConfig:

@@ -23,6 +23,8 @@ from spardl_jax.baselines.common import (Baseline, ResidualState, allgather, che
 from spardl_jax.core import messages, protocol
 from spardl_jax.core.config import DensityConfig
 
+__all__ = ['TopkAConfig', 'formula', 'topka_allreduce', 'paper', 'TopkA']
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TopkAConfig(DensityConfig):

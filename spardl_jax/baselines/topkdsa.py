@@ -34,6 +34,9 @@ from spardl_jax.core import messages, protocol, topk
 from spardl_jax.core.config import DensityConfig, check_positive
 from spardl_jax.core.sparse import INVALID, sparse_sum
 
+__all__ = ['TopkDSAConfig', 'sizes', 'formula', 'split_by_region', 'topkdsa_allreduce', 'paper',
+           'TopkDSA']
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TopkDSAConfig(DensityConfig):

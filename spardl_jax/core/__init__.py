@@ -8,3 +8,6 @@ cost table and the alpha-beta model), ``allreduce`` (the stages put together) an
 ``protocol`` (what every all-reduce implements, and the registry). Nothing here imports the
 baselines, the optax side or the tools.
 """
+
+__all__ = ['allreduce', 'bruck', 'config', 'cost', 'flat', 'gres', 'h_controller', 'messages',
+           'nonfinite', 'protocol', 'sag', 'schedule', 'sparse', 'srs', 'topk']

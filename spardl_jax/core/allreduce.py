@@ -20,6 +20,11 @@ from spardl_jax.core import (bruck, cost, gres, h_controller, messages, protocol
 from spardl_jax.core.config import BlockLayout, SparDLConfig
 from spardl_jax.core.nonfinite import NonFinite, check_policy, skip_if
 
+__all__ = ['SparDLState', 'SUPPORTED_DTYPES', 'init_state', 'check_dtype', 'bound_axes',
+           'axis_size', 'resolve_teams', 'spardl_allreduce', 'BlockFrame', 'block_frame',
+           'to_blocks', 'from_blocks', 'own_block_selection', 'gather_team', 'scatter_result',
+           'collect_residual', 'SparDL']
+
 
 class SparDLState(NamedTuple):
   """Per-device state of the SparDL all-reduce; build it with :func:`init_state`.

@@ -1,6 +1,6 @@
 """Bruck all-gather over a group of workers, for any group size, in ``ceil(log2 g)`` rounds.
 
-Executes :func:`spardl_jax.schedule.bruck_schedule`: at step ``s`` a worker sends the first
+Executes :func:`spardl_jax.core.schedule.bruck_schedule`: at step ``s`` a worker sends the first
 ``min(2^(s-1), g - 2^(s-1))`` blocks it has gathered to the worker ``2^(s-1)`` places before
 it and appends the blocks received from the one ``2^(s-1)`` places after it. Each worker sends
 ``g - 1`` blocks in total. The group is a team (contiguous ranks) or, for B-SAG, the workers
@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from spardl_jax.core import schedule
+
+__all__ = ['bruck_allgather']
 
 
 def bruck_allgather(block: jax.Array, *, size: int, axis_name,

@@ -14,6 +14,10 @@ from typing import Literal
 
 import numpy as np
 
+__all__ = ['Residuals', 'Sag', 'WireFormat', 'RESIDUAL_MODES', 'SAG_MODES', 'WIRE_FORMATS',
+           'ETHERNET_10G', 'INFINIBAND_100G', 'SparDLConfig', 'DensityConfig', 'check_density',
+           'check_positive', 'as_float', 'BlockLayout']
+
 Residuals = Literal["global", "local", "none"]
 RESIDUAL_MODES = ("global", "local", "none")
 Sag = Literal["auto", "recursive", "bruck"]

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+__all__ = ['concat']
+
 
 def concat(parts: Sequence[jax.Array], dtype=None) -> jax.Array:
   """``jnp.concatenate([p.reshape(-1) for p in parts])`` cast to ``dtype`` (default: the

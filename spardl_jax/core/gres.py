@@ -26,6 +26,8 @@ import jax.numpy as jnp
 
 from spardl_jax.core.srs import Receipt
 
+__all__ = ['collect_residuals']
+
 
 def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Sequence[Receipt],
                       selected: jax.Array, *,

@@ -21,6 +21,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+__all__ = ['HState', 'empty', 'start', 'update']
+
 
 class HState(NamedTuple):
   """Controller state, the same on every device.

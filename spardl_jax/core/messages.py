@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ['SEGMENT', 'pack', 'unpack', 'segments', 'count_dtype', 'Wire', 'EXACT']
+
 _WORDS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 SEGMENT = 1 << 16  # offsets of a compact block travel as (segment, low 16 bits)
 _INVALID = np.iinfo(np.int32).max  # sparse.INVALID (sparse imports this module)

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 
 from spardl_jax.core.protocol import residual
 
+__all__ = ['NonFinite', 'POLICIES', 'check_policy', 'any_device', 'skip_if']
+
 NonFinite = Literal["skip", "propagate"]
 POLICIES = ("skip", "propagate")
 

@@ -14,6 +14,9 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkab
 
 import jax
 
+__all__ = ['AllReduce', 'PaperCost', 'SUM', 'SAME', 'MEAN', 'FRESH', 'HasResidual', 'residual',
+           'FlatVector', 'register', 'registered', 'build']
+
 @runtime_checkable
 class AllReduce(Protocol):
   """A gradient all-reduce over one mesh axis, usable inside ``jax.shard_map``.

@@ -9,7 +9,7 @@ SAG makes those ``d`` workers agree on one sparse sum of block ``r``:
   sum and share the discard as residual.
 * **B-SAG** (any ``d``): a Bruck all-gather of each worker's top-``h`` pairs across the
   teams, a sum, and the top-``kb`` of it. ``h`` is adapted by :mod:`spardl_jax.core.h_controller`;
-  each static size ``h`` of :func:`spardl_jax.schedule.h_ladder` is one ``lax.switch``
+  each static size ``h`` of :func:`spardl_jax.core.schedule.h_ladder` is one ``lax.switch``
   branch, so ``h`` changes without recompiling and the bytes sent follow it.
 
 Sums are taken over rows in team order, so every worker computes bit-identical results.
@@ -27,6 +27,9 @@ import numpy as np
 from spardl_jax.core import bruck, h_controller, messages, schedule
 from spardl_jax.core.sparse import (INVALID, in_worker_order, magnitude_order,
                                merge_with_partner, sparse_sum, top_of_union)
+
+__all__ = ['Share', 'as_sent', 'recursive_sag', 'by_magnitude', 'bruck_sag', 'SagResult',
+           'spar_all_gather', 'next_controller']
 
 
 class Share(NamedTuple):

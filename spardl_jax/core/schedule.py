@@ -7,13 +7,17 @@ Pure Python (no JAX), so a schedule can be printed and tested on its own; the JA
 Both schedules work in a team of ``q`` workers and in the *rotated frame* of
 ``docs/design.md``: worker ``w``'s position ``j`` holds global block ``(w + j) mod q``.
 
-Run ``python -m spardl_jax.schedule 6`` to print who sends which blocks to whom.
+Run ``python -m spardl_jax.core.schedule 6`` to print who sends which blocks to whom.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+
+__all__ = ['num_steps', 'SRSStep', 'BruckStep', 'srs_schedule', 'bruck_schedule',
+           'team_permutation', 'cross_team_permutation', 'recursive_doubling_permutation',
+           'h_ladder', 'format_schedule', 'main']
 
 
 def num_steps(q: int) -> int:
@@ -144,7 +148,7 @@ def format_schedule(q: int) -> str:
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if len(argv) != 1 or not argv[0].isdigit() or int(argv[0]) < 1:
-    print("usage: python -m spardl_jax.schedule WORKERS   (a positive integer)",
+    print("usage: python -m spardl_jax.core.schedule WORKERS   (a positive integer)",
           file=sys.stderr)
     return 2
   print(format_schedule(int(argv[0])))

@@ -17,6 +17,9 @@ import numpy as np
 
 from spardl_jax.core import messages, topk
 
+__all__ = ['INVALID', 'Union', 'sparse_sum', 'sorted_sum', 'top_of_union', 'merge_with_partner',
+           'magnitude_order', 'in_worker_order']
+
 INVALID = np.iinfo(np.int32).max
 _UNROLLED_FROM = 1 << 14  # sorted entries from which an unrolled binary search pays
 

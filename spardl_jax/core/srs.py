@@ -1,6 +1,6 @@
 """Spar-Reduce-Scatter (SRS): the reduce-scatter half of SparDL, inside one team.
 
-Executes :func:`spardl_jax.schedule.srs_schedule` with ``jax.lax.ppermute``: at each step a
+Executes :func:`spardl_jax.core.schedule.srs_schedule` with ``jax.lax.ppermute``: at each step a
 worker sparsifies the blocks of its bag right before sending them (the paper's optimised
 SRS), sends them as one packed message, and adds what it receives into its dense buffer.
 After the last step it holds the summed block of its own rank (row ``rank`` of the buffer).
@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from spardl_jax.core import messages, schedule, topk
+
+__all__ = ['Receipt', 'SRSResult', 'flat_positions', 'spar_reduce_scatter']
 
 
 class Receipt(NamedTuple):

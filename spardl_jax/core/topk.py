@@ -30,6 +30,9 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
+__all__ = ['default_method', 'chunk_size', 'keys', 'kth_largest', 'GroupCounts', 'select',
+           'block_topk']
+
 # Below this chunk size two stages save less than they cost.
 _MIN_CHUNK = 4
 _KEY_BITS = 31  # non-negative float32 keys fit in 31 bits

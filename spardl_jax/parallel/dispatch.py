@@ -25,6 +25,8 @@ from typing import Any
 
 import jax
 
+__all__ = ['DEPTH', 'bounded_dispatch']
+
 DEPTH = 4  # steps in flight: with up to 7 device programs a step, still under the 32 slots
 
 

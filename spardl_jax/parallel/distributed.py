@@ -3,7 +3,7 @@
 One process per host (or per GPU group) runs the same program; ``jax.distributed`` connects
 them (NCCL carries collectives between GPUs, gloo between CPU processes), and a mesh over
 ``jax.devices()`` spans every process. :func:`initialize` reads the role of this process
-from the environment that :mod:`spardl_jax.launch` sets (``SPARDL_COORDINATOR``,
+from the environment that :mod:`spardl_jax.parallel.launch` sets (``SPARDL_COORDINATOR``,
 ``SPARDL_NUM_PROCESSES``, ``SPARDL_PROCESS_ID``, ``SPARDL_LOCAL_DEVICES``); without them it
 defers to ``jax.distributed.initialize()``'s own cluster detection (SLURM, Open MPI, ...)
 when ``auto=True``, and otherwise does nothing (a single-process run).
@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 
 import jax
+
+__all__ = ['environment', 'initialize', 'host_teams']
 
 _VARS = ("SPARDL_COORDINATOR", "SPARDL_NUM_PROCESSES", "SPARDL_PROCESS_ID",
          "SPARDL_LOCAL_DEVICES")

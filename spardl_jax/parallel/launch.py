@@ -1,4 +1,4 @@
-"""Local multi-process launcher: ``python -m spardl_jax.launch --processes 4 -- CMD ...``.
+"""Local multi-process launcher: ``python -m spardl_jax.parallel.launch --processes 4 -- CMD ...``.
 
 Starts ``--processes`` copies of ``CMD`` on this machine as one ``jax.distributed`` job
 (gloo carries the collectives between CPU processes), each with ``--devices-per-process``
@@ -9,7 +9,7 @@ environment variables that :func:`spardl_jax.distributed.initialize` reads.
 
 Example::
 
-  python -m spardl_jax.launch --processes 4 --devices-per-process 2 -- \\
+  python -m spardl_jax.parallel.launch --processes 4 --devices-per-process 2 -- \\
       python -m train --devices 8 --epochs 2
 """
 
@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 
 from spardl_jax.parallel import distributed
+
+__all__ = ['free_port', 'child_environment', 'launch', 'main']
 
 
 def free_port() -> int:
@@ -90,7 +92,7 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
   ``SystemExit(143)``: the ranks run in their own sessions, so they would outlive it.
   ``host`` is the coordinator's address (rank 0 must be reachable there); ``prefix(rank)``
   is put before the command of each rank, e.g. ``['ip', 'netns', 'exec', 'ns0']`` to run it
-  in a network namespace (:mod:`spardl_jax.netbench`).
+  in a network namespace (:mod:`spardl_jax.tools.netbench`).
 
   Raises:
     ValueError: for ``processes`` or ``devices_per_process`` below 1, or a ``timeout`` that
@@ -155,11 +157,11 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if "--" not in argv:
-    print("usage: python -m spardl_jax.launch --processes N [--devices-per-process D] "
+    print("usage: python -m spardl_jax.parallel.launch --processes N [--devices-per-process D] "
           "[--timeout S] -- COMMAND ...", file=sys.stderr)
     return 2
   split = argv.index("--")
-  parser = argparse.ArgumentParser(prog="python -m spardl_jax.launch", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m spardl_jax.parallel.launch", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--processes", type=int, required=True)
   parser.add_argument("--devices-per-process", type=int, default=1)

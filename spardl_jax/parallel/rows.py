@@ -11,6 +11,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+__all__ = ['process_rows', 'shard_rows']
+
 
 def process_rows(rows: int, mesh: jax.sharding.Mesh, axis_name: str = "data") -> slice:
   """The rows of a ``(rows, ...)`` global batch that this process's devices hold.

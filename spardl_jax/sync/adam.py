@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+__all__ = ['ScaleByFrozenAdamState', 'scale_by_frozen_adam']
+
 
 class ScaleByFrozenAdamState(NamedTuple):
   """State of :func:`scale_by_frozen_adam`.

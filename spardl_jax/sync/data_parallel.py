@@ -22,6 +22,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from spardl_jax.core import protocol
 from spardl_jax.sync.transform import SyncState
 
+__all__ = ['fold_rules', 'opt_state_specs', 'opt_state_shardings', 'init_opt_state']
+
 
 def _contains_sync(tree) -> bool:
   return any(isinstance(x, SyncState)

@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 from spardl_jax.core.protocol import AllReduce
 from spardl_jax.sync import methods
 
+__all__ = ['DensitySchedule', 'Level', 'build', 'for_leaves', 'density_warmup']
+
 DensitySchedule = Sequence[tuple[int, float]]
 
 

@@ -21,11 +21,14 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 import spardl_jax.baselines  # noqa: F401  (registers the competitors)
+import spardl_jax.core.allreduce  # noqa: F401  (registers SparDL)
 from spardl_jax.core import protocol
-from spardl_jax.core.allreduce import SparDL
 from spardl_jax.core.config import SparDLConfig
 from spardl_jax.core.nonfinite import NonFinite, any_device, check_policy, skip_if
 from spardl_jax.core.protocol import AllReduce
+
+__all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'split_spec', 'parse', 'make',
+           'describe', 'init_rows', 'abstract_rows', 'sharded', 'sharded_allreduce']
 
 
 def names() -> tuple[str, ...]:
@@ -34,14 +37,13 @@ def names() -> tuple[str, ...]:
   return tuple(protocol.registered())
 
 
-def spardl(config: SparDLConfig) -> AllReduce:
-  """SparDL (:func:`spardl_jax.spardl_allreduce`) with the given configuration."""
-  return SparDL(config)
-
-
-def dense() -> AllReduce:
-  """Dense ``pmean``, the reference every sparse method is measured against."""
-  return make("dense")
+def from_config(config) -> AllReduce:
+  """The registered method whose options class ``config`` is an instance of, built with it:
+  ``from_config(SparDLConfig(density=0.01))`` is SparDL at 1 %."""
+  for cls in protocol.registered().values():
+    if cls.Config is not None and type(config) is cls.Config:
+      return cls(config)
+  raise TypeError(f"from_config: no registered method takes a {type(config).__name__}.")
 
 
 def is_sparse(name: str) -> bool:
@@ -186,5 +188,6 @@ def sharded(method: AllReduce, mesh: jax.sharding.Mesh, axis_name: str = "data",
 
 def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: str = "data",
                       *, nonfinite: NonFinite = "skip"):
-  """:func:`sharded` for SparDL with ``config``; state from ``init_rows(spardl(config), ...)``."""
-  return sharded(spardl(config), mesh, axis_name, nonfinite=nonfinite)
+  """:func:`sharded` for SparDL with ``config``; state from
+  ``init_rows(from_config(config), ...)``."""
+  return sharded(from_config(config), mesh, axis_name, nonfinite=nonfinite)

@@ -27,6 +27,8 @@ from spardl_jax.core.allreduce import bound_axes
 from spardl_jax.core.nonfinite import NonFinite
 from spardl_jax.sync import levels
 
+__all__ = ['SyncStats', 'SyncState', 'sync_gradients', 'spardl', 'powersgd', 'sync_stats']
+
 
 class SyncStats(NamedTuple):
   """Statistics of the last synchronization, gathered without any communication.

@@ -2,11 +2,11 @@
 
 Usage::
 
-  python -m spardl_jax.bench                                 # all methods, paper sizes
-  python -m spardl_jax.bench --devices 8,14 --n 14.7e6 --out bench_out
-  python -m spardl_jax.bench --devices 12,14 --n 14.7e6 --methods spardl --teams all
-  python -m spardl_jax.bench --methods spardl,dense --n 1e6 --trace bench_out/trace
-  python -m spardl_jax.bench --selection --n 1e6,14.7e6 --densities 0.01,0.001
+  python -m spardl_jax.tools.bench                                 # all methods, paper sizes
+  python -m spardl_jax.tools.bench --devices 8,14 --n 14.7e6 --out bench_out
+  python -m spardl_jax.tools.bench --devices 12,14 --n 14.7e6 --methods spardl --teams all
+  python -m spardl_jax.tools.bench --methods spardl,dense --n 1e6 --trace bench_out/trace
+  python -m spardl_jax.tools.bench --selection --n 1e6,14.7e6 --densities 0.01,0.001
 
 For each device count ``P``, gradient size ``n`` and method (SparDL once per team count
 ``d`` and per ``--wire`` format) it reports:
@@ -48,6 +48,9 @@ from spardl_jax.core import protocol
 from spardl_jax.core.config import ETHERNET_10G, WIRE_FORMATS
 from spardl_jax.sync import methods as _methods
 
+__all__ = ['flat_methods', 'PAPER_SIZES', 'run', 'format_table', 'format_table1', 'plot',
+           'run_selection', 'format_selection', 'main']
+
 def flat_methods() -> tuple[str, ...]:
   """The registered methods that sync one flat vector. PowerSGD needs the leaf shapes of a
   model (it all-reduces a flat vector dense); the trainer benchmarks it."""
@@ -72,7 +75,7 @@ def _parse_sizes(text: str) -> list[int]:
 
 
 def _parse_args(argv):
-  parser = argparse.ArgumentParser(prog="python -m spardl_jax.bench", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m spardl_jax.tools.bench", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--devices", type=_parse_sizes, default=[4, 8, 14],
                       help="device counts P, comma separated (default 4,8,14)")

@@ -19,6 +19,9 @@ import dataclasses
 import math
 import re
 
+__all__ = ['COLLECTIVE_PERMUTE', 'OTHER_COLLECTIVES', 'ArrayType', 'Collective', 'Traffic',
+           'parse_hlo']
+
 # Byte sizes of XLA primitive types.
 _BYTES = {
     "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,

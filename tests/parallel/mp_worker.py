@@ -1,4 +1,4 @@
-"""A rank of the multi-process tests, started by ``python -m spardl_jax.launch``.
+"""A rank of the multi-process tests, started by ``python -m spardl_jax.parallel.launch``.
 
 ``python tests/parallel/mp_worker.py MODE OUT``:
 

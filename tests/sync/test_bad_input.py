@@ -78,7 +78,7 @@ ROWS = [
      lambda: sj.sharded_allreduce(CFG, harness.mesh(2), "model"),
      r"axis_name='model' is not an axis of the mesh; its axes are \('data',\)"),
     ("sharded nonfinite",
-     lambda: sj.methods.sharded(sj.methods.dense(), harness.mesh(2), nonfinite="nan"),
+     lambda: sj.methods.sharded(sj.methods.make("dense"), harness.mesh(2), nonfinite="nan"),
      r"sharded: nonfinite must be one of"),
     ("sync_gradients nonfinite", lambda: sj.sync_gradients("dense", nonfinite="ignore"),
      r"sync_gradients: nonfinite must be one of"),

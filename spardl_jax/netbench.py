@@ -1,8 +1,0 @@
-"""``python -m spardl_jax.netbench``: the command line of :mod:`spardl_jax.tools.netbench`."""
-
-import sys
-
-from spardl_jax.tools.netbench import main
-
-if __name__ == "__main__":
-  sys.exit(main())
