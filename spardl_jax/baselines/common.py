@@ -8,6 +8,7 @@ this module.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -58,12 +59,11 @@ def allgather(block: jax.Array, axis_name) -> jax.Array:
   return in_worker_order(rows, jax.lax.axis_index(axis_name))
 
 
+@protocol.folds(residual=protocol.SUM)
 class ResidualState(NamedTuple):
   """Per-device state of an all-reduce that keeps only a residual: ``residual`` ``(n,)``."""
 
   residual: jax.Array
-
-  FOLD = {"residual": protocol.SUM}
 
 
 def init_residual(n: int, p: int, config, dtype=jnp.float32) -> ResidualState:
@@ -85,7 +85,11 @@ class Baseline(protocol.FlatVector):
   # first c selected entries in index order, says otherwise.
   nonfinite_reaches_result: ClassVar[bool] = True
   sparse: ClassVar[bool] = True  # each keeps a fraction config.density (DensityConfig)
-  initial = staticmethod(init_residual)
+  # The module's functions, set by each subclass (declared here for the type checker).
+  allreduce: ClassVar[Callable[..., tuple[jax.Array, Any]]]
+  cost: ClassVar[Callable[..., dict]]
+  paper: ClassVar[Callable[..., protocol.PaperCost]]
+  initial: ClassVar[Callable[..., Any]] = staticmethod(init_residual)
 
   def init(self, *, n: int, dtype, p: int):
     return self.initial(n, p, self.config, dtype)

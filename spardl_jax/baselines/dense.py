@@ -4,6 +4,7 @@ and ``dense_bf16``, what users pick instead of sparsity (half the bytes, no book
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import ClassVar
 
 import jax
@@ -25,6 +26,7 @@ class _Stateless(protocol.FlatVector):
   device (their ``formula``), and every NaN or inf reaching the sum."""
 
   Config: ClassVar[None] = None
+  formula: ClassVar[Callable[..., dict]]  # each subclass's cost (declared for the type checker)
   nonfinite_reaches_result: ClassVar[bool] = True  # a sum with a NaN or inf is not finite
   sparse: ClassVar[bool] = False
   config: None = None

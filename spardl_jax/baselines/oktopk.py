@@ -67,6 +67,7 @@ class OkTopkConfig(DensityConfig):
     check_positive(self, "tau_regions", numbers.Integral)
 
 
+@protocol.folds(residual=protocol.SUM)
 class OkTopkState(NamedTuple):
   """Per-device state.
 
@@ -83,8 +84,6 @@ class OkTopkState(NamedTuple):
   global_threshold: jax.Array
   boundaries: jax.Array
   step: jax.Array
-
-  FOLD = {"residual": protocol.SUM}  # thresholds and regions depend on P: restarted
 
 
 def init_state(n: int, p: int, config: OkTopkConfig, dtype=jnp.float32) -> OkTopkState:

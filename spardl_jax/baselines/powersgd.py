@@ -73,6 +73,7 @@ class PowerSGDConfig:
                        f"{self.seed!r}.")
 
 
+@protocol.folds(residual=protocol.SUM, qs=protocol.SAME)
 class PowerSGDState(NamedTuple):
   """Per-device state.
 
@@ -84,8 +85,6 @@ class PowerSGDState(NamedTuple):
 
   residual: jax.Array
   qs: tuple
-
-  FOLD = {"residual": protocol.SUM, "qs": protocol.SAME}
 
 
 class Leaf(NamedTuple):

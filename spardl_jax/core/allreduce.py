@@ -26,6 +26,7 @@ __all__ = ['SparDLState', 'SUPPORTED_DTYPES', 'init_state', 'check_dtype', 'boun
            'collect_residual', 'SparDL']
 
 
+@protocol.folds(residual=protocol.SUM)
 class SparDLState(NamedTuple):
   """Per-device state of the SparDL all-reduce; build it with :func:`init_state`.
 
@@ -41,8 +42,6 @@ class SparDLState(NamedTuple):
 
   residual: jax.Array
   controller: h_controller.HState
-
-  FOLD = {"residual": protocol.SUM}  # the controller depends on P: restarted
 
 
 # Selection keys are the float32 bits of |value| (core/topk.py): exact for these dtypes only.

@@ -39,7 +39,7 @@ class HState(NamedTuple):
   step: jax.Array
   flag: jax.Array
   last_h: jax.Array
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # a field named count shadows tuple.count
 
 
 def empty() -> HState:

@@ -64,8 +64,8 @@ def unpack(message: jax.Array, kb: int, dtype, extra: int = 0):
   word = message.dtype.itemsize
   split = kb * 4 // word
   stop = split + kb * np.dtype(dtype).itemsize // word
-  parts = (_from_words(message[:, :split], jnp.int32),
-           _from_words(message[:, split:stop], dtype))
+  parts: tuple[jax.Array, ...] = (_from_words(message[:, :split], jnp.int32),
+                                  _from_words(message[:, split:stop], dtype))
   if extra:
     parts += (_from_words(message[:, stop:], jnp.int32),)
   return parts
@@ -159,7 +159,7 @@ class Wire:
     offsets = jnp.where(segment < segs,
                         segment * SEGMENT + message[:, :kb].astype(jnp.int32), _INVALID)
     values = _from_words(message[:, kb:2 * kb], self.value_dtype(dtype)).astype(dtype)
-    parts = (offsets, values)
+    parts: tuple[jax.Array, ...] = (offsets, values)
     if extra:
       parts += (_from_words(message[:, stop:], jnp.int32),)
     return parts

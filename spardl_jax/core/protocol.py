@@ -10,11 +10,12 @@ core and the baselines can both register here without knowing of each other.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import jax
 
-__all__ = ['AllReduce', 'PaperCost', 'SUM', 'SAME', 'MEAN', 'FRESH', 'HasResidual', 'residual',
+__all__ = ['AllReduce', 'PaperCost', 'SUM', 'SAME', 'MEAN', 'FRESH', 'folds', 'declared_folds', 'HasResidual', 'residual',
            'FlatVector', 'register', 'registered', 'build']
 
 @runtime_checkable
@@ -86,11 +87,34 @@ class PaperCost(NamedTuple):
 
 
 # How a per-device state leaf moves onto another number of devices (a state type declares
-# them per field in a class attribute FOLD; a field it leaves out restarts from init):
+# them per field with @folds; a field it leaves out restarts from init):
 SUM = "sum"      # a per-device sum of gradient mass: fold to its total, spread evenly
 SAME = "same"    # equal on every device: every new device gets it
 MEAN = "mean"    # a per-device sample: every new device gets the mean
 FRESH = "fresh"  # depends on the device count: restarted
+_FOLDS: dict[type, dict[str, str]] = {}
+
+T = TypeVar("T", bound=type)
+
+
+def folds(**rules: str) -> Callable[[T], T]:
+  """Class decorator of a per-device state type (a NamedTuple): how each named field moves
+  onto another number of devices (:data:`SUM`, :data:`SAME` or :data:`MEAN`; fields left
+  out restart). ``spardl_jax.fold_rules`` reads it; a checkpoint restore applies it."""
+  for field, rule in rules.items():
+    if rule not in (SUM, SAME, MEAN):
+      raise ValueError(f"folds: {field}={rule!r}; the rules are {(SUM, SAME, MEAN)}.")
+
+  def declare(cls: T) -> T:
+    _FOLDS[cls] = rules
+    return cls
+
+  return declare
+
+
+def declared_folds(cls: type) -> dict[str, str] | None:
+  """The rules ``cls`` declared with :func:`folds`, or None."""
+  return _FOLDS.get(cls)
 
 
 @runtime_checkable
@@ -121,24 +145,30 @@ class FlatVector:
 
 
 Method = TypeVar("Method", bound=type)
-_REGISTRY: dict[str, type] = {}
+# Classes checked for the protocol's attributes when registered (a Protocol with class
+# attributes is not a type a checker lets classes be assigned to, so the values are Any).
+_REGISTRY: dict[str, Any] = {}
+
 
 def register(cls: Method) -> Method:
   """Class decorator: adds an :class:`AllReduce` implementation under ``cls.name``."""
+  entry: Any = cls  # checked here for the protocol's attributes
   for attribute in ("name", "summary", "Config", "nonfinite_reaches_result", "sparse",
                     "leafwise", "for_leaves", "paper_cost", "init", "apply", "stats",
                     "formula"):
     if not hasattr(cls, attribute):
       raise TypeError(f"register: {cls.__name__} lacks {attribute!r} of the AllReduce protocol.")
-  if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-    raise ValueError(f"register: the method name {cls.name!r} is taken by "
-                     f"{_REGISTRY[cls.name].__qualname__}.")
-  _REGISTRY[cls.name] = cls
+  if entry.name in _REGISTRY and _REGISTRY[entry.name] is not cls:
+    raise ValueError(f"register: the method name {entry.name!r} is taken by "
+                     f"{_REGISTRY[entry.name].__qualname__}.")
+  _REGISTRY[entry.name] = cls
   return cls
 
-def registered() -> dict[str, type]:
+
+def registered() -> dict[str, Any]:
   """The registered method classes by name, in registration order."""
   return dict(_REGISTRY)
+
 
 def build(name: str, **options) -> AllReduce:
   """The method ``name`` with its options validated by its ``Config``.

@@ -145,7 +145,7 @@ class SagResult(NamedTuple):
   values: jax.Array
   sent: jax.Array
   shares: list[Share]
-  count: jax.Array | None
+  count: jax.Array | None  # type: ignore[assignment]  # a field named count shadows tuple.count
   controller: h_controller.HState
 
 

@@ -137,11 +137,11 @@ def format_schedule(q: int) -> str:
       blocks = [(w + j) % q for j in range(st.start, st.stop)]
       lines.append(f"    worker {w} -> worker {(w + st.shift) % q}: blocks {blocks}")
   lines.append("Bruck all-gather of the (offset, value) pairs")
-  for st in bruck_schedule(q):
-    lines.append(f"  step {st.step}: distance {st.shift}, {st.count} block(s)")
+  for bruck in bruck_schedule(q):
+    lines.append(f"  step {bruck.step}: distance {bruck.shift}, {bruck.count} block(s)")
     for w in range(q):
-      blocks = [(w + j) % q for j in range(st.count)]
-      lines.append(f"    worker {w} -> worker {(w - st.shift) % q}: blocks {blocks}")
+      blocks = [(w + j) % q for j in range(bruck.count)]
+      lines.append(f"    worker {w} -> worker {(w - bruck.shift) % q}: blocks {blocks}")
   return "\n".join(lines)
 
 

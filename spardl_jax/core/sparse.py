@@ -30,7 +30,7 @@ class Union(NamedTuple):
 
   offsets: jax.Array
   sums: jax.Array
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # a field named count shadows tuple.count
 
 
 def sparse_sum(offsets: jax.Array, values: jax.Array) -> Union:

@@ -86,5 +86,5 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
     # so XLA updates the buffer in place instead of copying it. Positions never repeat.
     buf = flat.at[positions].set(before + values.reshape(-1),
                                  unique_indices=True).reshape(q, mc)
-  selected = jnp.concatenate(selected) if selected else jnp.zeros((0,), jnp.int32)
-  return SRSResult(buf, receipts, selected)
+  return SRSResult(buf, receipts,
+                   jnp.concatenate(selected) if selected else jnp.zeros((0,), jnp.int32))

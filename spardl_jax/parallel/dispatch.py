@@ -34,8 +34,8 @@ def _several_cpu_devices(out) -> bool:
   """Whether ``out`` lives on more than one CPU device of this process (the hazard)."""
   for leaf in jax.tree.leaves(out):
     if isinstance(leaf, jax.Array):
-      devices = [d for d in leaf.sharding.device_set if d.process_index == jax.process_index()]
-      return devices[0].platform == "cpu" and len(devices) > 1
+      local = [d for d in leaf.sharding.device_set if d in set(jax.local_devices())]
+      return len(local) > 1 and all(d in set(jax.local_devices(backend="cpu")) for d in local)
   return False
 
 

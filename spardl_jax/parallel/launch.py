@@ -109,7 +109,7 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
   env = child_environment()
   procs, threads = [], []
   deadline = None if timeout is None else time.monotonic() + timeout
-  code = 0
+  code: int | None = 0
   # The ranks run in their own sessions (a signal to one must not hit the launcher), so a
   # SIGTERM to the launcher would orphan them: turn it into the cleanup below.
   handler = None

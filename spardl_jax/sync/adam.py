@@ -33,7 +33,7 @@ class ScaleByFrozenAdamState(NamedTuple):
       ``freeze_step`` that were not zero everywhere.
   """
 
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # a field named count shadows tuple.count
   mu: optax.Updates
   nu: optax.Updates
   nu_count: jax.Array

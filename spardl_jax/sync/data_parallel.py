@@ -54,12 +54,12 @@ def _specs(state, axis_name: str):
       x, (SyncState, optax.MultiStepsState)))
 
 
-# optax's own state types, whose per-device leaves are ours to fold.
-_FOLDS = {optax.MultiStepsState: {"acc_grads": protocol.MEAN}}
+# optax's own state type whose per-device leaves are ours to fold.
+protocol.folds(acc_grads=protocol.MEAN)(optax.MultiStepsState)
 
 
 def _declares(node) -> bool:
-  return isinstance(node, tuple) and (type(node) in _FOLDS or hasattr(type(node), "FOLD"))
+  return protocol.declared_folds(type(node)) is not None
 
 
 def fold_rules(tree, rule: str = protocol.FRESH):
@@ -68,12 +68,13 @@ def fold_rules(tree, rule: str = protocol.FRESH):
   :data:`~spardl_jax.core.protocol.SUM` (per-device sums of gradient mass: residuals and
   velocities), ``SAME`` (equal on every device: the sync's step count), ``MEAN`` (the
   gradients an ``optax.MultiSteps`` accumulated) or ``FRESH`` (restarted, e.g. a controller
-  that depends on the device count). Each state type declares its fields' rules in ``FOLD``;
-  a rule covers its field's whole subtree unless a state inside declares its own."""
+  that depends on the device count). Each state type declares its fields' rules with
+  :func:`spardl_jax.core.protocol.folds`; a rule covers its field's whole subtree unless a
+  state inside declares its own (the method state in a SyncState, for example)."""
   def one(node):
     if not _declares(node):
       return rule
-    fold = _FOLDS.get(type(node)) or type(node).FOLD
+    fold = protocol.declared_folds(type(node)) or {}
     return type(node)(*(fold_rules(child, fold.get(field, rule))
                         for field, child in zip(node._fields, node)))
 

@@ -59,7 +59,7 @@ def parse_teams(text: str):
 
 def _option_types() -> dict[str, Callable[[str], Any]]:
   """How ``key=value`` text becomes each registered config's option."""
-  types = {}
+  types: dict[str, Callable[[str], Any]] = {}
   for cls in protocol.registered().values():
     for field in dataclasses.fields(cls.Config) if cls.Config else ():
       kind = field.type if isinstance(field.type, str) else field.type.__name__

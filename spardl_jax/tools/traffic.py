@@ -175,8 +175,8 @@ def parse_hlo(text: str) -> Traffic:
       pairs = _PAIRS.search(attrs)
       if pairs is None:
         raise ValueError(f"collective-permute {name!r} has no source_target_pairs")
-      pair_list = tuple(tuple(int(v) for v in p.split(","))
-                        for p in re.findall(r"\{(\d+,\d+)\}", pairs["pairs"]))
+      pair_list = tuple((int(a), int(b)) for a, b in
+                        re.findall(r"\{(\d+),(\d+)\}", pairs["pairs"]))
       permutes.append(Collective(name, op, comp, tuple(operand_types), pair_list))
     else:
       others.append(Collective(name, op, comp, tuple(operand_types)))
