@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from typing import Literal, NamedTuple
 
 import flax.linen as nn
@@ -20,6 +21,7 @@ import numpy as np
 from models import bert, lstm, resnet, small, vgg
 
 Size = Literal["full", "tiny"]
+SIZES: tuple[str, ...] = typing.get_args(Size)
 
 # What a model reads; each dataset has one of these kinds (train/input_pipeline.py).
 Kind = Literal["image", "signal", "text", "corpus"]
@@ -128,7 +130,7 @@ def create(name: str, size: Size = "full", **data) -> nn.Module:
       fields the model does not have are ignored (a classifier has no vocabulary).
   """
   s = spec(name)
-  if size not in ("full", "tiny"):
+  if size not in SIZES:
     raise ValueError(f"--model-size must be 'full' or 'tiny', got {size!r}.")
   fields = {f.name for f in dataclasses.fields(s.cls)}
   kwargs = {**(s.full if size == "full" else s.tiny),

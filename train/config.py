@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+import typing
+from typing import Any, Literal, NamedTuple
 
+from models.registry import Size
 from spardl_jax import methods
 
 
@@ -77,10 +79,19 @@ class Variant:
   tuning: dict = dataclasses.field(default_factory=dict)
 
 
+Optimizer = Literal["sgd", "adamw"]
+LrSchedule = Literal["constant", "cosine"]
+OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
+LR_SCHEDULES: tuple[str, ...] = typing.get_args(LrSchedule)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+  """One run's settings; the trainer's flags are its fields (``--batch-size`` is
+  ``batch_size``) and take their defaults from here."""
+
   model: str = "cnn1d"
-  model_size: str = "full"
+  model_size: Size = "full"
   dataset: str = "mnist1d"
   variants: tuple[Variant, ...] = ()
   devices: int | None = None  # None: every device (8 simulated CPU devices in one process)
@@ -88,9 +99,9 @@ class TrainConfig:
   batch_size: int = 128
   lr: float = 0.05
   momentum: float = 0.9  # SGD's
-  lr_schedule: str = "constant"  # or "cosine" (to 0 over the run)
+  lr_schedule: LrSchedule = "constant"  # or "cosine" (to 0 over the run)
   recipe: str = "recommended"  # tuning defaults of sparse variants (RECIPES); "paper": none
-  optimizer: str = "sgd"  # or "adamw" (BERT)
+  optimizer: Optimizer = "sgd"  # or "adamw" (BERT)
   weight_decay: float = 0.01  # AdamW's
   seed: int = 0
   out: str = "train_out"

@@ -12,14 +12,18 @@ import sys
 import jax
 
 from models import MODELS, describe
+from models.registry import SIZES
+from spardl_jax.core.config import RESIDUAL_MODES, SAG_MODES, SparDLConfig
 from spardl_jax.sync import methods
 from spardl_jax.sync.methods import parse_teams
-from train.config import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT,
-                          RECIPES, TUNING, TrainConfig, parse_variant)
+from train.config import (LR_SCHEDULES, NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, OPTIMIZERS,
+                          POSITIVE_FLOAT, POSITIVE_INT, RECIPES, TUNING, TrainConfig,
+                          parse_variant)
 from train.data import DATASETS
 
 log = logging.getLogger("train")
 SIMULATED_DEVICES = 8  # a single CPU process without --devices simulates this many
+SPARDL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SparDLConfig)}
 
 
 class UsageError(ValueError):
@@ -31,7 +35,7 @@ def _parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m train", description=__doc__)
   p.add_argument("--model", default=d.model,
                  help=f"one of {', '.join(MODELS)} (default: %(default)s)")
-  p.add_argument("--model-size", default=d.model_size, choices=["full", "tiny"],
+  p.add_argument("--model-size", default=d.model_size, choices=SIZES,
                  help="full: the paper's sizes; tiny: the same structure, a few thousand "
                       "parameters (default: %(default)s)")
   p.add_argument("--describe", action="store_true",
@@ -54,11 +58,11 @@ def _parse_args(argv):
                       f"{', '.join(TUNING)}, e.g. 'dense,spardl,spardl:density=0.001,"
                       "spardl:warmup=31:momentum=0.9' (default: %(default)s)")
   p.add_argument("--density", type=POSITIVE_FLOAT, default=0.01, help="SparDL density (default 0.01)")
-  p.add_argument("--teams", type=parse_teams, default=1,
+  p.add_argument("--teams", type=parse_teams, default=SPARDL_DEFAULTS["teams"],
                  help="SparDL teams d, or 'auto' for the alpha-beta model's pick (default 1)")
-  p.add_argument("--sag", default="auto", choices=["auto", "recursive", "bruck"],
+  p.add_argument("--sag", default=SPARDL_DEFAULTS["sag"], choices=SAG_MODES,
                  help="Spar-All-Gather for teams > 1 (default: R-SAG when d is a power of two)")
-  p.add_argument("--residuals", default="global", choices=["global", "local", "none"])
+  p.add_argument("--residuals", default=SPARDL_DEFAULTS["residuals"], choices=RESIDUAL_MODES)
   p.add_argument("--devices", type=POSITIVE_INT, default=d.devices,
                  help="devices on the data axis (default: all devices of the job; in one "
                       "CPU process, 8 simulated devices)")
@@ -69,10 +73,10 @@ def _parse_args(argv):
   p.add_argument("--eval-steps", type=POSITIVE_INT, default=d.eval_steps,
                  help="cap on test batches per evaluation (default: the whole test set)")
   p.add_argument("--lr", type=POSITIVE_FLOAT, default=d.lr)
-  p.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adamw"],
+  p.add_argument("--optimizer", default=d.optimizer, choices=OPTIMIZERS,
                  help="applied to the synchronized gradient (default: %(default)s)")
   p.add_argument("--momentum", type=NON_NEGATIVE_FLOAT, default=d.momentum, help="SGD momentum")
-  p.add_argument("--lr-schedule", default=d.lr_schedule, choices=["constant", "cosine"],
+  p.add_argument("--lr-schedule", default=d.lr_schedule, choices=LR_SCHEDULES,
                  help="constant, or cosine decay to 0 over the run (default: %(default)s)")
   p.add_argument("--recipe", default=d.recipe, choices=sorted(RECIPES),
                  help="tuning defaults of the sparse methods (a variant's own keys win): "
@@ -175,16 +179,10 @@ def run(args) -> int:
   from train.train import (check_model_data, check_variant, data_request, make_mesh,
                            train_and_evaluate)
 
-  cfg = TrainConfig(model=args.model, model_size=args.model_size, dataset=args.dataset,
-                    variants=variants, devices=args.devices, epochs=args.epochs,
-                    batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
-                    lr_schedule=args.lr_schedule, recipe=args.recipe,
-                    optimizer=args.optimizer, weight_decay=args.weight_decay,
-                    seed=args.seed, out=args.out, data_dir=args.data_dir,
-                    seq_len=args.seq_len, image_size=args.image_size,
-                    steps_per_epoch=args.steps_per_epoch, eval_steps=args.eval_steps,
-                    log_every=args.log_every, data_workers=args.data_workers,
-                    checkpoint_every=args.checkpoint_every)
+  # Every field of TrainConfig is a flag of the same name (the variants are built above).
+  cfg = TrainConfig(variants=variants, **{
+      f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+      if f.name in vars(args)})
   check_model_data(cfg.model, cfg.dataset)
   mesh = make_mesh(cfg.devices)
   if cfg.batch_size % mesh.size:

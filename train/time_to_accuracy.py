@@ -42,6 +42,7 @@ import os
 import statistics
 import sys
 
+from models.registry import SIZES
 from train.config import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT
 
 DEFAULT_METHODS = ("dense,dense_bf16,powersgd:rank=4,powersgd:rank=16,spardl,oktopk,gtopk,topka,"
@@ -60,7 +61,7 @@ def _parse_args(argv):
   p.add_argument("--methods", default=DEFAULT_METHODS,
                  help="comma list of method specs as for python -m train --compare; dense "
                       "must be one (it sets the target)")
-  p.add_argument("--model-size", default="full", choices=["full", "tiny"],
+  p.add_argument("--model-size", default="full", choices=SIZES,
                  help="tiny: the same MLP at 3,466 parameters, for smoke runs")
   p.add_argument("--epochs", type=POSITIVE_INT, default=20)
   p.add_argument("--steps-per-epoch", type=NON_NEGATIVE_INT, default=11,

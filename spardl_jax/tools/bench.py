@@ -45,7 +45,7 @@ import sys
 import time
 
 from spardl_jax.core import protocol
-from spardl_jax.core.config import ETHERNET_10G, WIRE_FORMATS
+from spardl_jax.core.config import ETHERNET_10G, SAG_MODES, WIRE_FORMATS
 from spardl_jax.sync import methods as _methods
 
 __all__ = ['flat_methods', 'PAPER_SIZES', 'run', 'format_table', 'format_table1', 'plot',
@@ -87,7 +87,7 @@ def _parse_args(argv):
                       help=f"comma list from {list(flat_methods())} (default: all)")
   parser.add_argument("--teams", default="1",
                       help="SparDL team counts d: a comma list, or 'all' for every divisor")
-  parser.add_argument("--sag", default="auto", choices=["auto", "recursive", "bruck"])
+  parser.add_argument("--sag", default="auto", choices=SAG_MODES)
   parser.add_argument("--wire", default="exact,compact",
                       help="SparDL message formats, comma separated (default exact,compact)")
   parser.add_argument("--alpha", type=float, default=ETHERNET_10G["alpha"],
