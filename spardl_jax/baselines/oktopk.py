@@ -121,8 +121,8 @@ def _split_table(g, selected, boundaries, p: int, c: int):
   (:class:`~spardl_jax.core.topk.GroupCounts`, shared with the selection's compaction). Slot
   ``s`` of region ``j`` holds the selected entry with (selected before the region + ``s``)
   selected entries before it, found by a binary search among the block counts and a count
-  inside its block. No prefix sum, boundary search or scatter runs over ``n`` (those made
-  this 4x slower at n = 14.7M, docs/benchmark.md).
+  inside its block. No prefix sum, boundary search or scatter runs over ``n`` (they made it
+  several times slower at the paper's sizes: docs/benchmark.md).
   """
   n = g.shape[0]
   counts = topk.GroupCounts.of(selected, _BLOCK)

@@ -1,10 +1,10 @@
 """Concatenating 1-D arrays into one flat vector without ``jnp.concatenate``.
 
 XLA:CPU emits a concatenate (fused with its consumers) as a loop that picks the operand of
-every output element: 114 ms for two 1-D arrays of 4.2M float32 on this project's machine,
-against a few ms for the same bytes written as in-place slice updates of one buffer. The flat
-gradient of ``sync_gradients`` (271 ms of a 354 ms ``mlp_wide`` train step, dense included)
-and PowerSGD's flat results were built that way; they use :func:`concat` instead.
+every output element, far slower than writing the same bytes as in-place slice updates of one
+buffer (``docs/performance.md`` has the figures: most of an ``mlp_wide`` train step went
+there). The flat gradient of ``sync_gradients`` and PowerSGD's flat results use
+:func:`concat` instead.
 """
 
 from __future__ import annotations

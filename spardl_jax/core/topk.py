@@ -2,8 +2,8 @@
 
 Every SparDL selection keeps the ``kb`` entries of a block with the largest ``|value|``, ties
 going to the lower index (``docs/design.md``). ``lax.top_k`` does this but, on XLA:CPU, pays
-about 0.7 us per *selected* entry to sort its output (measured: 126 ms for 8 blocks of 1.84M
-entries keeping 1 %, 21 ms keeping 100). SparDL needs neither sorted output nor ``top_k``:
+to sort its output by every *selected* entry (``docs/performance.md`` has the figures).
+SparDL needs neither sorted output nor ``top_k``:
 
 * **Threshold selection** (:func:`select`): bisection on the int32 bits of ``|value|`` (a
   monotone integer key for non-negative floats) finds the exact ``kb``-th largest key ``t``
@@ -15,9 +15,9 @@ entries keeping 1 %, 21 ms keeping 100). SparDL needs neither sorted output nor 
   chunks only. Exact: order entries by (key desc, index asc); a chunk holding one of the top
   ``kb`` entries has its best entry among them, so at most ``kb - 1`` chunks rank before it.
   With ``c ~ sqrt(m / kb)`` both stages see about ``sqrt(density) m`` keys instead of ``m``.
-* **On GPUs** the counting passes are small kernels launched one after another (about 1 ms
-  for the ~60 of a two-stage selection, whatever the size), while ``lax.top_k`` is one fused
-  kernel: 4× faster at 1M entries on an H100 (``docs/benchmark.md``). There :func:`select`
+* **On GPUs** the counting passes are small kernels launched one after another (about 60 for
+  a two-stage selection, a fixed cost whatever the size), while ``lax.top_k`` is one fused
+  kernel, faster there (``docs/benchmark.md``, "On a GPU"). There :func:`select`
   takes ``lax.top_k`` of the keys (equal keys: the lower index first, the same set) and
   sorts the positions back into ascending order (``method="sort"``).
 """
@@ -55,9 +55,8 @@ def chunk_size(m: int, kb: int, *, method: Method | None = None) -> int:
 
   Prefers a divisor of ``m`` near the optimum ``sqrt(m / kb)`` so no padding is needed.
   With ``method="sort"`` (``None``: :func:`default_method`) blocks keeping 1 % or more take
-  one stage: ``lax.top_k``'s cost grows with ``k`` and two stages select ``kb`` twice (on an
-  H100, 66M entries keeping 1 %: 2.9 ms in one stage, 5.1 ms in two; keeping 0.1 %: 2.7 ms
-  and 0.7 ms).
+  one stage: ``lax.top_k``'s cost grows with ``k``, and two stages select ``kb`` twice, which
+  pays only for small ``kb`` (measured on an H100: ``docs/benchmark.md``, "On a GPU").
   """
   best = math.sqrt(m / kb)
   if best < _MIN_CHUNK or ((method or default_method()) == "sort" and 100 * kb >= m):

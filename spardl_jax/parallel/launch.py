@@ -7,7 +7,7 @@ output with a ``[rank]`` prefix, and on the first failure (or ``--timeout``, or 
 the launcher) stops them all and exits non-zero. The processes find their role in the
 environment variables that :func:`spardl_jax.distributed.initialize` reads.
 
-Example::
+Usage, in a shell::
 
   python -m spardl_jax.parallel.launch --processes 4 --devices-per-process 2 -- \\
       python -m train --devices 8 --epochs 2

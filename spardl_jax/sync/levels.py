@@ -118,6 +118,11 @@ def density_warmup(target: float, *, steps: int, start: float = 0.25, factor: fl
   Returns:
     ``[(step, density), ...]`` for :func:`~spardl_jax.spardl`'s ``density``.
 
+  Example:
+
+    >>> density_warmup(0.001, steps=400)
+    [(0, 0.25), (100, 0.0625), (200, 0.015625), (300, 0.00390625), (400, 0.001)]
+
   References:
     Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
     Distributed Training", ICLR 2018, Section 3.3 (warm-up training).

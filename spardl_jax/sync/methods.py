@@ -38,8 +38,11 @@ def names() -> tuple[str, ...]:
 
 
 def from_config(config) -> AllReduce:
-  """The registered method whose options class ``config`` is an instance of, built with it:
-  ``from_config(SparDLConfig(density=0.01))`` is SparDL at 1 %."""
+  """The registered method whose options class ``config`` is an instance of, built with it.
+
+    >>> from_config(SparDLConfig(density=0.01)).name
+    'spardl'
+  """
   for cls in protocol.registered().values():
     if cls.Config is not None and type(config) is cls.Config:
       return cls(config)
@@ -85,7 +88,10 @@ def parse(text: str, *, density: float, teams=1, sag: str = "auto",
 
   Options not given in ``text`` are the defaults passed here: ``density`` for every sparse
   method, ``teams``, ``sag`` and ``residuals`` for SparDL. Each method takes the fields of
-  its ``Config`` as keys, e.g. ``'oktopk:tau=16'``.
+  its ``Config`` as keys:
+
+    >>> parse("oktopk:tau=16", density=0.01)
+    ('oktopk', {'density': 0.01, 'tau': 16})
   """
   method, pairs = split_spec(text)
   if method not in protocol.registered():

@@ -431,14 +431,19 @@ def spardl(*, density: float | levels.DensitySchedule = 0.01,
   """SparDL gradient synchronization as an optax transformation:
   ``sync_gradients("spardl", density=density, **options)``.
 
-  Example (the paper's behaviour)::
+  Example (the paper's behaviour; each device keeps its residual, ``(P, n)`` in all):
 
-    tx = optax.chain(spardl(axis_name="data", density=0.01), optax.sgd(0.1, momentum=0.9))
+    >>> import jax, jax.numpy as jnp, optax, spardl_jax as sj
+    >>> mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])
+    >>> tx = optax.chain(spardl(axis_name="data", density=0.01), optax.sgd(0.1, momentum=0.9))
+    >>> opt_state = sj.init_opt_state(tx, {"w": jnp.zeros((100, 10))}, mesh)
+    >>> opt_state[0].method_state.residual.shape
+    (8, 1000)
 
   With DGC's momentum correction the momentum moves before the sync, and the optimizer
-  after it has none (``docs/design.md`` measures each option)::
+  after it has none (``docs/design.md`` measures each option):
 
-    tx = optax.chain(spardl(density=0.01, warmup_steps=100, momentum=0.9), optax.sgd(0.1))
+    >>> tx = optax.chain(spardl(density=0.01, warmup_steps=100, momentum=0.9), optax.sgd(0.1))
 
   Args:
     density: fraction of each block kept by every top-k selection, in (0, 1]; or a schedule
@@ -463,9 +468,10 @@ def powersgd(*, start_iter: int = 0, **options) -> optax.GradientTransformation:
   """PowerSGD gradient synchronization (what PyTorch DDP's ``powerSGD_hook`` does):
   ``sync_gradients("powersgd", warmup_steps=start_iter, **options)``.
 
-  Example::
+  Example:
 
-    tx = optax.chain(powersgd(rank=4, start_iter=100), optax.sgd(0.1, momentum=0.9))
+    >>> import optax
+    >>> tx = optax.chain(powersgd(rank=4, start_iter=100), optax.sgd(0.1, momentum=0.9))
 
   Args:
     start_iter: dense all-reduces before the compression starts (PyTorch's
