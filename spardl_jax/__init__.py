@@ -18,7 +18,7 @@ The command lines are console scripts (``spardl-bench``, ``spardl-netbench``,
 from spardl_jax.core import schedule
 from spardl_jax.core.allreduce import SparDLState, init_state, spardl_allreduce
 from spardl_jax.core.config import BlockLayout, SparDLConfig
-from spardl_jax.core.protocol import AllReduce, FlatVector, register
+from spardl_jax.core.protocol import AllReduce, Cost, FlatVector, register
 from spardl_jax.parallel import distributed
 from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
@@ -34,6 +34,7 @@ from spardl_jax.tools import traffic
 __all__ = (
     "AllReduce",
     "BlockLayout",
+    "Cost",
     "FlatVector",
     "SparDLConfig",
     "SparDLState",

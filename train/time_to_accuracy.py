@@ -160,7 +160,7 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, int]:
   for spec in specs:
     variant = parse_variant(spec, density=0.01, teams=1, sag="auto", residuals="global")
     method = methods.make(variant.method, **variant.options).for_leaves(shapes)
-    rounds[spec] = int(method.formula(p=p, n=n, itemsize=4)["rounds"])
+    rounds[spec] = int(method.formula(p=p, n=n, itemsize=4).rounds)
   return rounds
 
 

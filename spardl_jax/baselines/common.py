@@ -87,7 +87,7 @@ class Baseline(protocol.FlatVector):
   sparse: ClassVar[bool] = True  # each keeps a fraction config.density (DensityConfig)
   # The module's functions, set by each subclass (declared here for the type checker).
   allreduce: ClassVar[Callable[..., tuple[jax.Array, Any]]]
-  cost: ClassVar[Callable[..., dict]]
+  cost: ClassVar[Callable[..., protocol.Cost]]
   paper: ClassVar[Callable[..., protocol.PaperCost]]
   initial: ClassVar[Callable[..., Any]] = staticmethod(init_residual)
 
@@ -97,7 +97,7 @@ class Baseline(protocol.FlatVector):
   def apply(self, x, state, *, axis_name):
     return self.allreduce(x, state, self.config, axis_name=axis_name)
 
-  def formula(self, *, p: int, n: int, itemsize: int) -> dict:
+  def formula(self, *, p: int, n: int, itemsize: int) -> protocol.Cost:
     return self.cost(p, n, self.config, itemsize)
 
   def paper_cost(self, *, p: int, n: int, k: int) -> protocol.PaperCost:
@@ -106,9 +106,9 @@ class Baseline(protocol.FlatVector):
   def stats(self, *, n: int, p: int, itemsize: int, state, rank):
     del state
     traffic = self.formula(p=p, n=n, itemsize=itemsize)
-    if "bytes_per_device" in traffic:  # uneven senders (gTopk's tree)
-      return jnp.asarray(traffic["bytes_per_device"])[rank], 0
-    return traffic["bytes"], 0
+    if traffic.bytes_per_device is not None:  # uneven senders (gTopk's tree)
+      return jnp.asarray(traffic.bytes_per_device)[rank], 0
+    return traffic.bytes, 0
 
 
 def check_local(who: str, x: jax.Array, residual: jax.Array) -> None:

@@ -15,9 +15,9 @@ from spardl_jax.core import protocol
 __all__ = ['formula', 'Dense', 'ring_formula', 'ring_allreduce', 'DenseBF16']
 
 
-def formula(p: int, n: int, itemsize: int = 4) -> dict:
+def formula(p: int, n: int, itemsize: int = 4) -> protocol.Cost:
   """A ring all-reduce: ``2 (P - 1)`` rounds, ``2 (P - 1) / P * n`` elements per device."""
-  return {"rounds": 2 * (p - 1), "bytes": 2 * (p - 1) * n * itemsize // p}
+  return protocol.Cost(2 * (p - 1), 2 * (p - 1) * n * itemsize // p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,7 @@ class _Stateless(protocol.FlatVector):
   device (their ``formula``), and every NaN or inf reaching the sum."""
 
   Config: ClassVar[None] = None
-  formula: ClassVar[Callable[..., dict]]  # each subclass's cost (declared for the type checker)
+  formula: ClassVar[Callable[..., protocol.Cost]]  # each subclass's cost (declared for the type checker)
   nonfinite_reaches_result: ClassVar[bool] = True  # a sum with a NaN or inf is not finite
   sparse: ClassVar[bool] = False
   config: None = None
@@ -37,7 +37,7 @@ class _Stateless(protocol.FlatVector):
 
   def stats(self, *, n: int, p: int, itemsize: int, state, rank):
     del state, rank
-    return self.formula(p=p, n=n, itemsize=itemsize)["bytes"], 0
+    return self.formula(p=p, n=n, itemsize=itemsize).bytes, 0
 
   def paper_cost(self, *, p: int, n: int, k: int) -> protocol.PaperCost:
     """Not in Table 1: the ring all-reduce's ``2 (P - 1)`` rounds and ``2 (P - 1) / P n``
@@ -57,13 +57,13 @@ class Dense(_Stateless):
   def apply(self, x, state, *, axis_name):
     return jax.lax.pmean(x, axis_name), state
 
-  def formula(self, *, p: int, n: int, itemsize: int) -> dict:
+  def formula(self, *, p: int, n: int, itemsize: int) -> protocol.Cost:
     return formula(p, n, itemsize)
 
 
-def ring_formula(p: int, n: int, value_bytes: int = 2) -> dict:
+def ring_formula(p: int, n: int, value_bytes: int = 2) -> protocol.Cost:
   """A ring all-reduce in ``ppermute``s: ``2 (P - 1)`` rounds of one ``ceil(n / P)`` chunk."""
-  return {"rounds": 2 * (p - 1), "bytes": 2 * (p - 1) * -(-n // p) * value_bytes}
+  return protocol.Cost(2 * (p - 1), 2 * (p - 1) * -(-n // p) * value_bytes)
 
 
 def ring_allreduce(chunks: jax.Array, axis_name) -> jax.Array:
@@ -115,6 +115,6 @@ class DenseBF16(_Stateless):
     chunks = jnp.pad(x / p, (0, p * c - n)).astype(jnp.bfloat16).reshape(p, c)
     return ring_allreduce(chunks, axis_name).reshape(-1)[:n].astype(x.dtype), state
 
-  def formula(self, *, p: int, n: int, itemsize: int) -> dict:
+  def formula(self, *, p: int, n: int, itemsize: int) -> protocol.Cost:
     del itemsize  # bfloat16 on the wire, whatever the gradient's dtype
     return ring_formula(p, n)

@@ -42,7 +42,7 @@ def reduce_pairs(p: int, j: int) -> list[tuple[int, int]]:
   return [(w, w - s) for w in range(p) if w % (2 * s) == s]
 
 
-def formula(p: int, n: int, config: GTopkConfig, itemsize: int = 4) -> dict:
+def formula(p: int, n: int, config: GTopkConfig, itemsize: int = 4) -> protocol.Cost:
   """``rounds`` = 2 ceil(log2 P); ``bytes`` = what each rank sends (rank 0 the most)."""
   k = topk_count(config.density, n)
   levels = (p - 1).bit_length()
@@ -52,7 +52,7 @@ def formula(p: int, n: int, config: GTopkConfig, itemsize: int = 4) -> dict:
       sends[sender] += 1      # up the tree
       sends[receiver] += 1    # and the broadcast back down the same edge
   per_device = [c * k * (4 + itemsize) for c in sends]
-  return {"rounds": 2 * levels, "bytes": max(per_device), "bytes_per_device": per_device}
+  return protocol.Cost(2 * levels, max(per_device), tuple(per_device))
 
 
 def gtopk_allreduce(x: jax.Array, state: ResidualState, config: GTopkConfig, *,

@@ -101,12 +101,11 @@ def capacity(p: int, n: int, config: OkTopkConfig) -> tuple[int, int]:
   return k, max(1, min(n, math.ceil(config.capacity * k / p)))
 
 
-def formula(p: int, n: int, config: OkTopkConfig, itemsize: int = 4) -> dict:
+def formula(p: int, n: int, config: OkTopkConfig, itemsize: int = 4) -> protocol.Cost:
   """``rounds`` = (P - 1) + ceil(log2 P); ``bytes`` = (P - 1) 2 c pairs (a bound: the
   messages are full-capacity static shapes)."""
   _, c = capacity(p, n, config)
-  return {"rounds": (p - 1) + (p - 1).bit_length(),
-          "bytes": (p - 1) * 2 * c * (4 + itemsize)}
+  return protocol.Cost((p - 1) + (p - 1).bit_length(), (p - 1) * 2 * c * (4 + itemsize))
 
 
 _BLOCK = 32  # entries per block of the two-level prefix count (fastest on XLA:CPU)

@@ -201,15 +201,15 @@ class PowerSGD:
                             for leaf, piece, mean in zip(leaves, pieces, means)], x.dtype)
     return y, PowerSGDState(residual, tuple(new_qs))
 
-  def formula(self, *, p: int, n: int, itemsize: int) -> dict:
+  def formula(self, *, p: int, n: int, itemsize: int) -> protocol.Cost:
     """Two ring all-reduces: of the P factors with the dense leaves, then of the Q factors."""
     leaves = self._leaves(n)
     first = sum(leaf.rows * leaf.rank if leaf.compressed else leaf.size for leaf in leaves)
     second = sum(leaf.cols * leaf.rank for leaf in leaves if leaf.compressed)
     sizes = [s for s in (first, second) if s]
-    return {"rounds": sum(dense_formula(p, s)["rounds"] for s in sizes),
-            "bytes": sum(dense_formula(p, s, itemsize)["bytes"] for s in sizes)}
+    return protocol.Cost(sum(dense_formula(p, s).rounds for s in sizes),
+                         sum(dense_formula(p, s, itemsize).bytes for s in sizes))
 
   def stats(self, *, n: int, p: int, itemsize: int, state, rank):
     del state, rank
-    return self.formula(p=p, n=n, itemsize=itemsize)["bytes"], 0
+    return self.formula(p=p, n=n, itemsize=itemsize).bytes, 0

@@ -32,10 +32,10 @@ class TopkAConfig(DensityConfig):
 
 
 
-def formula(p: int, n: int, config: TopkAConfig, itemsize: int = 4) -> dict:
+def formula(p: int, n: int, config: TopkAConfig, itemsize: int = 4) -> protocol.Cost:
   """Per-worker ``rounds`` and ``bytes`` sent: ``ceil(log2 P)``, ``k (P - 1)`` pairs."""
   k = topk_count(config.density, n)
-  return {"rounds": (p - 1).bit_length(), "bytes": k * (p - 1) * (4 + itemsize)}
+  return protocol.Cost((p - 1).bit_length(), k * (p - 1) * (4 + itemsize))
 
 
 def topka_allreduce(x: jax.Array, state: ResidualState, config: TopkAConfig, *,

@@ -61,12 +61,12 @@ def sizes(p: int, n: int, config: TopkDSAConfig) -> tuple[int, int, int, bool]:
   return k, region, c, 2 * p * c >= region
 
 
-def formula(p: int, n: int, config: TopkDSAConfig, itemsize: int = 4) -> dict:
+def formula(p: int, n: int, config: TopkDSAConfig, itemsize: int = 4) -> protocol.Cost:
   """``rounds`` = (P - 1) + ceil(log2 P); ``bytes`` each worker sends."""
   k, region, c, dense = sizes(p, n, config)
   gather = region * itemsize if dense else p * c * (4 + itemsize)
-  return {"rounds": (p - 1) + (p - 1).bit_length(),
-          "bytes": (p - 1) * (c * (4 + itemsize) + gather), "dense": dense}
+  return protocol.Cost((p - 1) + (p - 1).bit_length(),
+                       (p - 1) * (c * (4 + itemsize) + gather))
 
 
 def split_by_region(offsets, values, region: int, p: int, c: int):

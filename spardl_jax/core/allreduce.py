@@ -383,7 +383,7 @@ class SparDL(protocol.FlatVector):
     teams, _ = resolve_teams(self.config, p, n, itemsize=4)
     return cost.spardl_paper_cost(p, k, teams, sag=self.config.sag)
 
-  def formula(self, *, p: int, n: int, itemsize: int, h=None) -> dict:
+  def formula(self, *, p: int, n: int, itemsize: int, h=None) -> cost.SparDLCost:
     teams, _ = resolve_teams(self.config, p, n, itemsize)
     return cost.spardl_cost(p, n, self.config.density, teams, itemsize=itemsize,
                             sag=self.config.sag, h=h, wire=self.config.wire)
@@ -391,4 +391,4 @@ class SparDL(protocol.FlatVector):
   def stats(self, *, n: int, p: int, itemsize: int, state: SparDLState, rank):
     del rank  # every worker sends the same bytes
     h = state.controller.last_h
-    return self.formula(p=p, n=n, itemsize=itemsize, h=h)["bytes"], h
+    return self.formula(p=p, n=n, itemsize=itemsize, h=h).bytes, h

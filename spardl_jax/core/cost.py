@@ -10,13 +10,14 @@ cluster to the config.
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 from spardl_jax.core import messages
 from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G, BlockLayout
 from spardl_jax.core.protocol import PaperCost
 
-__all__ = ["ETHERNET_10G", "INFINIBAND_100G", "choose_teams", "modeled_seconds", "sag_kind",
-           "spardl_cost", "spardl_formula", "spardl_paper_cost", "wire_format"]
+__all__ = ["ETHERNET_10G", "INFINIBAND_100G", "SparDLCost", "choose_teams", "modeled_seconds",
+           "sag_kind", "spardl_cost", "spardl_formula", "spardl_paper_cost", "wire_format"]
 
 
 def sag_kind(teams: int, sag: str) -> str:
@@ -26,8 +27,23 @@ def sag_kind(teams: int, sag: str) -> str:
   return sag
 
 
+class SparDLCost(NamedTuple):
+  """SparDL's :class:`~spardl_jax.core.protocol.Cost` with its details: ``elements`` (an
+  offset and a value per pair, whatever the format, plus B-SAG's count words), and the
+  ``teams``, ``sag`` and ``kb`` it was computed for (when :func:`spardl_cost` knows them)."""
+
+  rounds: Any
+  bytes: Any
+  bytes_per_device: None = None
+  elements: Any = None
+  teams: int | None = None
+  sag: str | None = None
+  kb: int | None = None
+
+
 def spardl_formula(p: int, kb: int, value_bytes: int = 4, *, teams: int = 1,
-                   sag: str = "recursive", h=None, wire: messages.Wire = messages.EXACT) -> dict:
+                   sag: str = "recursive", h=None,
+                   wire: messages.Wire = messages.EXACT) -> SparDLCost:
   """The ``docs/design.md`` cost of one SparDL all-reduce, per worker.
 
   With ``Q = P / d`` and, in the exact format, a pair = int32 offset + value:
@@ -48,7 +64,7 @@ def spardl_formula(p: int, kb: int, value_bytes: int = 4, *, teams: int = 1,
     wire: the message format.
 
   Returns:
-    ``rounds``, ``elements`` and ``bytes`` (``elements`` and ``bytes`` follow ``h``'s type).
+    a :class:`SparDLCost` (``elements`` and ``bytes`` follow ``h``'s type).
   """
   q = p // teams
   lq = (q - 1).bit_length()
@@ -66,12 +82,13 @@ def spardl_formula(p: int, kb: int, value_bytes: int = 4, *, teams: int = 1,
     other = wire.block_bytes(h, value_bytes) * (teams - 1)
     words = q - 1
   size = blocks * wire.block_bytes(kb, value_bytes) + other + 4 * words
-  return {"rounds": rounds, "elements": 2 * pairs + words, "bytes": size}
+  return SparDLCost(rounds, size, elements=2 * pairs + words)
 
 
 def spardl_cost(p: int, n: int, density: float, teams: int, *, itemsize: int = 4,
-                sag: str = "auto", h=None, wire: str = "exact") -> dict:
-  """Per-worker ``rounds``, ``bytes`` (and ``kb``, ``sag``) of one all-reduce of ``n``.
+                sag: str = "auto", h=None, wire: str = "exact") -> SparDLCost:
+  """Per-worker :class:`SparDLCost` of one all-reduce of ``n`` (with ``teams``, ``sag`` and
+  ``kb`` filled in).
 
   ``h`` is B-SAG's message size (an int or a traced scalar); by default the largest, ``kb``.
   ``wire`` is ``SparDLConfig.wire``.
@@ -80,7 +97,7 @@ def spardl_cost(p: int, n: int, density: float, teams: int, *, itemsize: int = 4
   kind = sag_kind(teams, sag)
   cost = spardl_formula(p, layout.kb, itemsize, teams=teams, sag=kind,
                         h=layout.kb if h is None else h, wire=wire_format(wire, layout))
-  return {"teams": teams, "sag": kind if teams > 1 else "-", "kb": layout.kb, **cost}
+  return cost._replace(teams=teams, sag=kind if teams > 1 else "-", kb=layout.kb)
 
 
 def wire_format(wire: str, layout: BlockLayout) -> messages.Wire:
@@ -88,9 +105,9 @@ def wire_format(wire: str, layout: BlockLayout) -> messages.Wire:
   return messages.Wire(compact=wire == "compact", span=layout.m, kb=layout.kb)
 
 
-def modeled_seconds(cost: dict, *, alpha: float, beta: float) -> float:
-  """``rounds * alpha + bytes * beta``."""
-  return cost["rounds"] * alpha + cost["bytes"] * beta
+def modeled_seconds(cost, *, alpha: float, beta: float) -> float:
+  """``rounds * alpha + bytes * beta`` of a :class:`~spardl_jax.core.protocol.Cost`."""
+  return cost.rounds * alpha + cost.bytes * beta
 
 
 def choose_teams(p: int, n: int, density: float, *, alpha: float, beta: float,

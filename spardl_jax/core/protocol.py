@@ -15,7 +15,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkab
 
 import jax
 
-__all__ = ['AllReduce', 'PaperCost', 'SUM', 'SAME', 'MEAN', 'FRESH', 'folds', 'declared_folds', 'HasResidual', 'residual',
+__all__ = ['AllReduce', 'Cost', 'PaperCost', 'SUM', 'SAME', 'MEAN', 'FRESH', 'folds', 'declared_folds', 'HasResidual', 'residual',
            'FlatVector', 'register', 'registered', 'build']
 
 @runtime_checkable
@@ -75,8 +75,20 @@ class AllReduce(Protocol):
     ``rank`` sent (what the HLO traffic tests check; a capacity bound for threshold
     methods) and SparDL's cross-team pairs per block (0 for other methods)."""
 
-  def formula(self, *, p: int, n: int, itemsize: int) -> dict:
-    """Per-worker cost: ``{'rounds', 'bytes', ...}``, ``bytes`` the most any worker sends."""
+  def formula(self, *, p: int, n: int, itemsize: int) -> "Cost":
+    """This method's :class:`Cost` for an ``(n,)`` gradient of ``itemsize`` bytes on ``p``
+    devices."""
+
+class Cost(NamedTuple):
+  """A method's communication per sync (its ``formula``), what the tests hold to the compiled
+  HLO: ``rounds`` of messages and ``bytes`` the busiest device sends (ints, or traced scalars
+  for a method whose messages adapt, as B-SAG's ``h``), and ``bytes_per_device`` when the
+  devices send unevenly (gTopk's tree; None when every device sends ``bytes``)."""
+
+  rounds: Any
+  bytes: Any
+  bytes_per_device: tuple[int, ...] | None = None
+
 
 class PaperCost(NamedTuple):
   """A row of the paper's Table 1: ``rounds`` (latency, in alpha) and ``elements``

@@ -233,7 +233,7 @@ def run(args) -> list[dict]:
       rows.append({
           "n": n, "devices": p, "method": label, "teams": d, "density": args.density,
           "hlo_rounds": hlo_rounds, "hlo_bytes_per_device": hlo_bytes,
-          "formula_rounds": formula["rounds"], "formula_bytes": formula["bytes"],
+          "formula_rounds": formula.rounds, "formula_bytes": formula.bytes,
           "time_s": seconds,
           "modeled_s": hlo_rounds * args.alpha + hlo_bytes * args.beta,
           "modeled_ib_s": (hlo_rounds * cost.INFINIBAND_100G["alpha"]

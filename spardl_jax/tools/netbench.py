@@ -139,7 +139,7 @@ def worker(args) -> int:
     fn = methods.sharded(method, mesh)
     _, state = jax.block_until_ready(fn(x, state))  # compile and warm up (step 0)
     runs[text] = [fn, state]
-    sent[text] = method.formula(p=p, n=args.n, itemsize=4)["bytes"]
+    sent[text] = method.formula(p=p, n=args.n, itemsize=4).bytes
   times: dict[str, list[float]] = {text: [] for text in args.methods}
   for _ in range(args.repeats):
     for text, run in runs.items():  # the state is fed back, as in training

@@ -164,7 +164,7 @@ def test_gtopk_bytes_per_device_follow_the_tree():
   # and once down each child's edge.
   want = [3 * k_pair, 1 * k_pair, 2 * k_pair, 1 * k_pair, 2 * k_pair, 1 * k_pair]
   assert formulas.gtopk(6, 1000, 0.01) == want
-  assert gtopk.formula(6, 1000, gtopk.GTopkConfig(density=0.01))["bytes_per_device"] == want
+  assert list(gtopk.formula(6, 1000, gtopk.GTopkConfig(density=0.01)).bytes_per_device) == want
 
 
 @pytest.mark.parametrize("name,options,match", [

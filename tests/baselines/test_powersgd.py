@@ -75,8 +75,8 @@ def test_matches_numpy_model_and_conserves_the_error_mass(p):
     assert agreement == [operands for _, operands in harness.nonfinite_agreement(m)]
     assert sorted(c.elements for c in hlo.others
                   if c.op == "all-reduce" and c.elements > 1) == sorted([first, second])
-    assert m.formula(p=p, n=N, itemsize=4)["bytes"] == (formulas.dense(p, first)["bytes"] +
-                                                        formulas.dense(p, second)["bytes"])
+    assert m.formula(p=p, n=N, itemsize=4).bytes == (formulas.dense(p, first)["bytes"] +
+                                                     formulas.dense(p, second)["bytes"])
 
 
 def test_full_rank_on_a_small_model_equals_dense():

@@ -59,8 +59,8 @@ def test_compact_matches_numpy_model_conserves_and_sends_the_formula(p, d, sag, 
 
 def test_compact_halves_the_bytes_at_the_papers_size():
   """The formula at n = 14.7M, 1 %, P = 8 (checked against HLO above for smaller n)."""
-  exact = cost.spardl_cost(8, 14_700_000, 0.01, 1)["bytes"]
-  compact = cost.spardl_cost(8, 14_700_000, 0.01, 1, wire="compact")["bytes"]
+  exact = cost.spardl_cost(8, 14_700_000, 0.01, 1).bytes
+  compact = cost.spardl_cost(8, 14_700_000, 0.01, 1, wire="compact").bytes
   assert compact == formulas.spardl(8, 14_700_000, 0.01, wire="compact")["bytes"]
   assert compact <= 0.53 * exact
 

@@ -41,10 +41,10 @@ class ScaledMean(sj.FlatVector):
     return self.config.scale * jax.lax.pmean(x, axis_name), state
 
   def formula(self, *, p, n, itemsize):
-    return {"rounds": 2 * (p - 1), "bytes": 2 * (p - 1) * n * itemsize // p}  # a ring
+    return sj.Cost(rounds=2 * (p - 1), bytes=2 * (p - 1) * n * itemsize // p)  # a ring
 
   def stats(self, *, n, p, itemsize, state, rank):
-    return self.formula(p=p, n=n, itemsize=itemsize)["bytes"], 0
+    return self.formula(p=p, n=n, itemsize=itemsize).bytes, 0
 
 
 @pytest.fixture
