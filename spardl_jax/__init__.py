@@ -16,7 +16,7 @@ The command lines are console scripts (``spardl-bench``, ``spardl-netbench``,
 """
 
 from spardl_jax.core import schedule
-from spardl_jax.core.allreduce import SparDLState, init_state, spardl_allreduce
+from spardl_jax.core.allreduce import SparDLState, spardl_allreduce
 from spardl_jax.core.config import BlockLayout, SparDLConfig
 from spardl_jax.core.protocol import AllReduce, Cost, FlatVector, register
 from spardl_jax.parallel import distributed
@@ -46,7 +46,6 @@ __all__ = (
     "distributed",
     "fold_rules",
     "init_opt_state",
-    "init_state",
     "methods",
     "opt_state_shardings",
     "opt_state_specs",

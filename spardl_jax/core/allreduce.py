@@ -20,7 +20,7 @@ from spardl_jax.core import (bruck, cost, gres, h_controller, messages, protocol
 from spardl_jax.core.config import BlockLayout, SparDLConfig
 from spardl_jax.core.nonfinite import NonFinite, check_policy, skip_if
 
-__all__ = ['SparDLState', 'SUPPORTED_DTYPES', 'init_state', 'check_dtype', 'bound_axes',
+__all__ = ['SparDLState', 'SUPPORTED_DTYPES', 'check_dtype', 'bound_axes',
            'axis_size', 'resolve_teams', 'spardl_allreduce', 'BlockFrame', 'block_frame',
            'to_blocks', 'from_blocks', 'own_block_selection', 'gather_team', 'scatter_result',
            'collect_residual', 'SparDL']
@@ -28,7 +28,7 @@ __all__ = ['SparDLState', 'SUPPORTED_DTYPES', 'init_state', 'check_dtype', 'boun
 
 @protocol.folds(residual=protocol.SUM)
 class SparDLState(NamedTuple):
-  """Per-device state of the SparDL all-reduce; build it with :func:`init_state`.
+  """Per-device state of the SparDL all-reduce; build it with :meth:`initial`.
 
   Both fields are required, so the state that goes into :func:`spardl_allreduce` and the one
   that comes out have the same pytree structure (a ``lax.scan`` carry, no retrace).
@@ -43,25 +43,20 @@ class SparDLState(NamedTuple):
   residual: jax.Array
   controller: h_controller.HState
 
+  @classmethod
+  def initial(cls, n: int, dtype=jnp.float32) -> "SparDLState":
+    """The state before the first sync of a flat ``(n,)`` gradient of ``dtype`` (float32,
+    bfloat16 or float16): a zero residual and the controller before its first step. Nothing
+    in it depends on the options (what does needs the device count, known at trace time)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+      raise ValueError(f"SparDLState.initial: n must be a positive int (the gradient length), "
+                       f"got {n!r}.")
+    check_dtype("dtype", dtype)
+    return cls(residual=jnp.zeros((int(n),), dtype), controller=h_controller.empty())
+
 
 # Selection keys are the float32 bits of |value| (core/topk.py): exact for these dtypes only.
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def init_state(n: int, config: SparDLConfig, dtype=jnp.float32) -> SparDLState:
-  """The initial per-device state for a flat gradient of length ``n``: a zero residual and
-  the controller before its first sync.
-
-  Args:
-    n: length of the flat gradient (a positive int).
-    config: the all-reduce options (kept for the state fields that depend on them).
-    dtype: float32, bfloat16 or float16, the dtype of the gradients that will be reduced.
-  """
-  del config  # Sizes that depend on it are only known at trace time (they need P).
-  if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-    raise ValueError(f"init_state: n must be a positive int (the gradient length), got {n!r}.")
-  check_dtype("dtype", dtype)
-  return SparDLState(residual=jnp.zeros((int(n),), dtype), controller=h_controller.empty())
 
 
 def check_dtype(name: str, dtype, *, who: str = "spardl") -> None:
@@ -106,15 +101,15 @@ def _validate(x: jax.Array, state: SparDLState, config: SparDLConfig) -> None:
   if not isinstance(state, SparDLState) or not isinstance(state.controller, h_controller.HState):
     got = (f"a SparDLState whose controller is {type(state.controller).__name__}"
            if isinstance(state, SparDLState) else type(state).__name__)
-    raise TypeError(f"spardl_allreduce: state must be a SparDLState from init_state (residual "
-                    f"and controller), got {got}.")
+    raise TypeError(f"spardl_allreduce: state must be a SparDLState from SparDLState.initial "
+                    f"(residual and controller), got {got}.")
   if state.residual.shape != x.shape:
     raise ValueError(
         f"spardl_allreduce: state.residual has shape {state.residual.shape} but x has shape "
-        f"{x.shape}; create the state with init_state(n={x.shape[0]}, ...).")
+        f"{x.shape}; create the state with SparDLState.initial({x.shape[0]}).")
   if state.residual.dtype != x.dtype:
     raise TypeError(f"spardl_allreduce: state.residual dtype {state.residual.dtype} differs from "
-                    f"x dtype {x.dtype}; pass dtype=x.dtype to init_state.")
+                    f"x dtype {x.dtype}; pass dtype=x.dtype to SparDLState.initial.")
 
 
 def resolve_teams(config: SparDLConfig, p: int, n: int, itemsize: int) -> tuple[int, str]:
@@ -157,7 +152,7 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
   Args:
     x: ``(n,)`` float32, bfloat16 or float16 array, this device's gradient (float64 is
       rejected: selection keys are float32 bits, see ``docs/design.md``).
-    state: this device's :class:`SparDLState` from :func:`init_state` (``residual`` of
+    state: this device's :class:`SparDLState` from :meth:`SparDLState.initial` (``residual`` of
       shape ``(n,)`` and ``x``'s dtype, and the controller).
     config: a :class:`SparDLConfig`.
     axis_name: the ``shard_map`` mesh axis to reduce over.
@@ -177,7 +172,7 @@ def spardl_allreduce(x: jax.Array, state: SparDLState, config: SparDLConfig, *,
     ...                      axis_types=(jax.sharding.AxisType.Auto,))
     >>> config = SparDLConfig(density=1.0)
     >>> def step(x):  # each device: its (1, 4) row, a fresh state
-    ...   y, state = spardl_allreduce(x[0], init_state(4, config), config, axis_name="data")
+    ...   y, state = spardl_allreduce(x[0], SparDLState.initial(4), config, axis_name="data")
     ...   return y[None]
     >>> x = jnp.arange(32.0).reshape(8, 4)  # row w is device w's gradient
     >>> y = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("data"), out_specs=P("data")))(x)
@@ -372,7 +367,7 @@ class SparDL(protocol.FlatVector):
 
   def init(self, *, n: int, dtype, p: int) -> SparDLState:
     del p
-    return init_state(n, self.config, dtype)
+    return SparDLState.initial(n, dtype)
 
   def apply(self, x, state, *, axis_name):
     # Callers apply their own agreed policy (sync_gradients, methods.sharded) around it.

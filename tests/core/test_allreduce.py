@@ -92,13 +92,13 @@ def test_half_precision_matches_model_in_that_dtype(dtype):
   np.testing.assert_allclose(total, (xs.astype(np.float64) + rs).sum(0), rtol=1e-2, atol=5e-2)
 
 
-def test_works_under_jit_with_replicated_input_and_init_state():
+def test_works_under_jit_with_replicated_input_and_an_initial_state():
   p, n = 4, 300
   config = sj.SparDLConfig(wire="exact", density=0.1)
   mesh = harness.mesh(p)
 
   def step(x):  # x comes in replicated: the same gradient on every device
-    y, state = sj.spardl_allreduce(x, sj.init_state(n, config), config,
+    y, state = sj.spardl_allreduce(x, sj.SparDLState.initial(n), config,
                                    axis_name=harness.AXIS)
     return y[None], state.residual[None]
 
@@ -115,7 +115,7 @@ def test_replicated_output_with_check_vma_false():
   config = sj.SparDLConfig(wire="exact", density=0.05)
 
   def step(x, r):
-    state = sj.init_state(n, config)._replace(residual=r[0])
+    state = sj.SparDLState.initial(n)._replace(residual=r[0])
     y, state = sj.spardl_allreduce(x[0], state, config, axis_name=harness.AXIS)
     return y, state.residual[None]
 

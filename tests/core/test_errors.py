@@ -34,13 +34,12 @@ def test_density_wrong_type_and_teams():
     sj.SparDLConfig(density=0.1, teams=0)
 
 
-def test_init_state_checks():
-  config = sj.SparDLConfig(density=0.1)
+def test_initial_state_checks():
   with pytest.raises(ValueError, match="n must be a positive int"):
-    sj.init_state(0, config)
+    sj.SparDLState.initial(0)
   with pytest.raises(TypeError, match="dtype must have one of the dtypes"):
-    sj.init_state(10, config, dtype=jnp.int32)
-  assert sj.init_state(10, config).residual.shape == (10,)
+    sj.SparDLState.initial(10, jnp.int32)
+  assert sj.SparDLState.initial(10).residual.shape == (10,)
 
 
 def call(p, x, state, config, axis_name=harness.AXIS):
@@ -57,40 +56,41 @@ def test_non_float_x():
   x = jnp.arange(8, dtype=jnp.int32)
   with pytest.raises(TypeError, match=r"x must have one of the dtypes \('float32', 'bfloat16', "
                                       r"'float16'\), got int32"):
-    call(2, x, sj.SparDLState(jnp.zeros(8, jnp.int32), sj.init_state(8, CFG).controller), CFG)
+    call(2, x, sj.SparDLState(jnp.zeros(8, jnp.int32), sj.SparDLState.initial(8).controller), CFG)
 
 
 def test_float64_rejected_with_the_reason():
   """Selection keys are float32 bits: float64 would select inexactly, so it is refused."""
   with pytest.raises(TypeError, match="float64 is rejected because selection keys are float32"):
-    sj.init_state(8, CFG, jnp.float64)
+    sj.SparDLState.initial(8, jnp.float64)
   with jax.enable_x64(True):
     x = jnp.zeros(8, jnp.float64)
-    state = sj.SparDLState(jnp.zeros(8, jnp.float64), sj.init_state(8, CFG).controller)
+    state = sj.SparDLState(jnp.zeros(8, jnp.float64), sj.SparDLState.initial(8).controller)
     with pytest.raises(TypeError, match="spardl: x must have one of the dtypes"):
       call(2, x, state, CFG)
 
 
 def test_state_without_controller_rejected():
-  """States come from init_state: one without its controller is refused, not restarted."""
+  """States come from SparDLState.initial: one without its controller is refused, not restarted."""
   with pytest.raises(TypeError, match="missing 1 required positional argument: 'controller'"):
     sj.SparDLState(jnp.zeros(8))
-  with pytest.raises(TypeError, match="state must be a SparDLState from init_state.*controller is NoneType"):
+  with pytest.raises(TypeError, match="state must be a SparDLState from SparDLState.initial"
+                                      ".*controller is NoneType"):
     call(2, jnp.zeros(8), sj.SparDLState(jnp.zeros(8), None), CFG)
 
 
 def test_x_not_flat():
   x = jnp.zeros((2, 4))
   with pytest.raises(ValueError, match=r"x must be the flat local gradient of shape \(n,\)"):
-    call(2, x, sj.init_state(8, CFG), CFG)
+    call(2, x, sj.SparDLState.initial(8), CFG)
 
 
 def test_state_wrong_length_and_dtype():
   x = jnp.zeros(8)
   with pytest.raises(ValueError, match=r"state.residual has shape \(9,\)"):
-    call(2, x, sj.init_state(9, CFG), CFG)
+    call(2, x, sj.SparDLState.initial(9), CFG)
   with pytest.raises(TypeError, match="state.residual dtype"):
-    call(2, x, sj.init_state(8, CFG, dtype=jnp.bfloat16), CFG)
+    call(2, x, sj.SparDLState.initial(8, jnp.bfloat16), CFG)
   with pytest.raises(TypeError, match="state must be a SparDLState"):
     call(2, x, jnp.zeros(8), CFG)
 
@@ -98,7 +98,7 @@ def test_state_wrong_length_and_dtype():
 def test_teams_not_dividing_p_and_bad_sag_options():
   x = jnp.zeros(8)
   with pytest.raises(ValueError, match=r"teams=4 does not divide the 6 workers.*\[1, 2, 3, 6\]"):
-    call(6, x, sj.init_state(8, CFG), sj.SparDLConfig(density=0.1, teams=4))
+    call(6, x, sj.SparDLState.initial(8), sj.SparDLConfig(density=0.1, teams=4))
   with pytest.raises(ValueError, match="sag='recursive'.*power of two, got teams=3"):
     sj.SparDLConfig(density=0.1, teams=3, sag="recursive")
   with pytest.raises(ValueError, match="sag must be one of"):
@@ -111,17 +111,17 @@ def test_teams_not_dividing_p_and_bad_sag_options():
 
 def test_unknown_axis_name():
   with pytest.raises(ValueError, match=r"axis_name='model' is not a bound mesh axis.*\['data'\]"):
-    call(2, jnp.zeros(8), sj.init_state(8, CFG), CFG, axis_name="model")
+    call(2, jnp.zeros(8), sj.SparDLState.initial(8), CFG, axis_name="model")
 
 
 def test_outside_shard_map():
-  f = jax.jit(lambda x: sj.spardl_allreduce(x, sj.init_state(8, CFG), CFG, axis_name="data"))
+  f = jax.jit(lambda x: sj.spardl_allreduce(x, sj.SparDLState.initial(8), CFG, axis_name="data"))
   with pytest.raises(ValueError, match="must be called inside jax.shard_map"):
     f(jnp.zeros(8))
   with pytest.raises(ValueError, match="must be called inside jax.shard_map"):
-    sj.spardl_allreduce(jnp.zeros(8), sj.init_state(8, CFG), CFG, axis_name="data")
+    sj.spardl_allreduce(jnp.zeros(8), sj.SparDLState.initial(8), CFG, axis_name="data")
 
 
 def test_config_type():
   with pytest.raises(TypeError, match="config must be a SparDLConfig"):
-    call(2, jnp.zeros(8), sj.init_state(8, CFG), {"density": 0.1})
+    call(2, jnp.zeros(8), sj.SparDLState.initial(8), {"density": 0.1})

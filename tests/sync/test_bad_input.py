@@ -29,7 +29,7 @@ def update_with(tx, grads, state, state_specs):
 
 
 def allreduce_nonfinite():
-  state = sj.init_state(8, CFG)
+  state = sj.SparDLState.initial(8)
   in_shard_map(lambda x: sj.spardl_allreduce(x, state, CFG, axis_name=harness.AXIS,
                                              nonfinite="ignore")[0], jnp.zeros(8))
 
