@@ -37,28 +37,44 @@ NON_NEGATIVE_FLOAT = bounded(float, 0.0, what="a number >= 0")
 
 
 class Tuning(NamedTuple):
-  """One tuning key: its type, and the values it allows (in words and as a check)."""
+  """A variant's options beyond its method's own (``spardl:warmup=93:momentum=0.9``): how
+  the sync converges and the optimizer after it (see ``make_optimizer`` in
+  train/train.py). None leaves a key to the recipe (sparse methods) or to the flags."""
+
+  warmup: int | None = None          # dense syncs first (sync_gradients' warmup_steps)
+  ramp: int | None = None            # steps of DGC's density warm-up after the dense one
+  momentum: float | None = None      # DGC momentum correction before the sync (SGD: none after)
+  masking: int | None = None         # DGC momentum factor masking, 0 or 1 (default 1)
+  clip: float | None = None          # DGC local gradient clipping threshold
+  lr: float | None = None            # this variant's learning rate (default: --lr)
+  opt_momentum: float | None = None  # this variant's SGD momentum or AdamW b1
+  freeze: int | None = None          # AdamW: freeze the second moment after N steps
+
+  def given(self) -> dict[str, Any]:
+    """The keys set, by name."""
+    return {k: v for k, v in self._asdict().items() if v is not None}
+
+  def over(self, defaults: "Tuning") -> "Tuning":
+    """``defaults`` with the keys set here in their place."""
+    return defaults._replace(**self.given())
+
+
+class Rule(NamedTuple):
+  """What one tuning key accepts: its type, and the values it allows (in words, as a check)."""
 
   kind: type
   allowed: str
   ok: Callable[[Any], bool]
 
 
-# Options of a variant beyond its method's own (``spardl:warmup=93:momentum=0.9``): how the
-# sync converges and the optimizer after it (see ``make_optimizer`` in train/train.py).
-_AT_LEAST_0 = Tuning(int, ">= 0", lambda v: v >= 0)
-_UNIT = Tuning(float, "in [0, 1)", lambda v: 0 <= v < 1)
-_POSITIVE = Tuning(float, "> 0 and finite", lambda v: 0 < v < float("inf"))
-TUNING: dict[str, Tuning] = {
-    "warmup": _AT_LEAST_0,  # dense syncs first (sync_gradients' warmup_steps)
-    "ramp": _AT_LEAST_0,    # steps of DGC's density warm-up after the dense one
-    "momentum": _UNIT,      # DGC momentum correction before the sync; the SGD after has none
-    "masking": Tuning(int, "0 or 1", lambda v: v in (0, 1)),  # DGC momentum factor masking
-    "clip": _POSITIVE,      # DGC local gradient clipping threshold
-    "lr": _POSITIVE,        # this variant's learning rate (default: --lr, see make_optimizer)
-    "opt_momentum": _UNIT,  # this variant's SGD momentum or AdamW b1 (default: --momentum, 0.9)
-    "freeze": Tuning(int, ">= 1", lambda v: v >= 1),  # AdamW: freeze 2nd moment after N steps
-}
+_AT_LEAST_0 = Rule(int, ">= 0", lambda v: v >= 0)
+_UNIT = Rule(float, "in [0, 1)", lambda v: 0 <= v < 1)
+_POSITIVE = Rule(float, "> 0 and finite", lambda v: 0 < v < float("inf"))
+TUNING: dict[str, Rule] = {
+    "warmup": _AT_LEAST_0, "ramp": _AT_LEAST_0, "momentum": _UNIT,
+    "masking": Rule(int, "0 or 1", lambda v: v in (0, 1)), "clip": _POSITIVE, "lr": _POSITIVE,
+    "opt_momentum": _UNIT, "freeze": Rule(int, ">= 1", lambda v: v >= 1)}
+assert tuple(TUNING) == Tuning._fields, "a rule for every tuning key"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,14 +85,14 @@ class Variant:
     label: the name in tables and plots, e.g. ``spardl:density=0.001``.
     method: a registered method's name (:func:`spardl_jax.methods.names`).
     options: the method's options (``density``, ``teams``, ``residuals`` for SparDL).
-    tuning: the :data:`TUNING` options (sync warm-ups, momentum correction, clipping, and the
+    tuning: its :class:`Tuning` (sync warm-ups, momentum correction, clipping, and the
       optimizer's learning rate and momentum for this variant).
   """
 
   label: str
   method: str
   options: dict
-  tuning: dict = dataclasses.field(default_factory=dict)
+  tuning: Tuning = Tuning()
 
 
 Optimizer = Literal["sgd", "adamw"]
@@ -141,7 +157,7 @@ def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str)
       rest.append(pair)
   method, options = methods.parse(":".join(rest), density=density, teams=teams, sag=sag,
                                   residuals=residuals)
-  return Variant(text, method, options, tuning)
+  return Variant(text, method, options, Tuning(**tuning))
 
 
 # Tuning defaults of the sparse variants, by recipe and optimizer (``--recipe``); lengths in
@@ -159,8 +175,8 @@ RECIPES: dict[str, dict[str, dict[str, float]]] = {
 _EPOCH_KEYS = {"warmup_epochs": "warmup", "ramp_epochs": "ramp", "freeze_epochs": "freeze"}
 
 
-def recipe_tuning(name: str, *, optimizer: str, steps_per_epoch: int | None) -> dict:
-  """The :data:`TUNING` of recipe ``name`` for ``optimizer``, epochs turned into steps
+def recipe_tuning(name: str, *, optimizer: str, steps_per_epoch: int | None) -> Tuning:
+  """The :class:`Tuning` of recipe ``name`` for ``optimizer``, epochs turned into steps
   (``steps_per_epoch`` may be None only for a recipe with no lengths)."""
   if name not in RECIPES:
     raise ValueError(f"--recipe must be one of {sorted(RECIPES)}, got {name!r}.")
@@ -173,4 +189,4 @@ def recipe_tuning(name: str, *, optimizer: str, steps_per_epoch: int | None) -> 
       tuning[_EPOCH_KEYS[key]] = max(1, round(value * steps_per_epoch))
     else:
       tuning[key] = value
-  return tuning
+  return Tuning(**tuning)

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from train.config import POSITIVE_INT, RECIPES, TrainConfig, Variant, recipe_tuning
+from train.config import POSITIVE_INT, RECIPES, TrainConfig, Tuning, Variant, recipe_tuning
 
 CASES: dict[str, TrainConfig] = {
     "mnist1d_cnn1d": TrainConfig(model="cnn1d", dataset="mnist1d", epochs=30),
@@ -56,7 +56,8 @@ def variants(case: str, steps_per_epoch: int) -> dict[str, Variant]:
   adam = cfg.optimizer == "adamw"
 
   def sparse(label, tuning, wire="exact"):
-    return Variant(label, "spardl", {"density": DENSITY, "wire": wire}, tuning)
+    return Variant(label, "spardl", {"density": DENSITY, "wire": wire},
+                   tuning if isinstance(tuning, Tuning) else Tuning(**tuning))
 
   # Momentum correction moves the momentum before the sync; with AdamW the second moment
   # must then be frozen (per-coordinate normalisation of the bursty velocity diverges), so
@@ -68,13 +69,15 @@ def variants(case: str, steps_per_epoch: int) -> dict[str, Variant]:
   return {
       "dense": Variant("dense", "dense", {}),
       "dense_tuned": Variant("dense, tuned: " + ", ".join(
-          f"{k}={v}" for k, v in DENSE_TUNED[case].items()), "dense", {}, DENSE_TUNED[case]),
+          f"{k}={v}" for k, v in DENSE_TUNED[case].items()), "dense", {},
+          Tuning(**DENSE_TUNED[case])),
       "paper": sparse("SparDL (paper)", {}),
       "warmup": sparse("+ dense warm-up (1 epoch)", {"warmup": steps_per_epoch}),
       "ramp": sparse("+ density warm-up (2 epochs)", {"ramp": 2 * steps_per_epoch}),
       "correction": sparse("+ momentum correction", correction),
       "clip": sparse("+ local clipping", {"clip": CLIP[case]}),
-      "recipe": sparse("recipe: " + ", ".join(f"{k}={v}" for k, v in recipe.items()), recipe),
+      "recipe": sparse("recipe: " + ", ".join(f"{k}={v}" for k, v in recipe.given().items()),
+                       recipe),
       "compact": sparse("recipe, compact wire", recipe, wire="compact"),
   }
 

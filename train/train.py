@@ -35,7 +35,7 @@ import models
 import spardl_jax as sj
 from spardl_jax.parallel.rows import shard_rows
 from train import data, input_pipeline
-from train.config import TrainConfig, Variant, recipe_tuning
+from train.config import TrainConfig, Tuning, Variant, recipe_tuning
 
 log = logging.getLogger("train")
 
@@ -91,7 +91,7 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
   """The variant's gradient sync followed by SGD with momentum or AdamW (``cfg.optimizer``).
 
   The sync comes first, so the optimizer sees the synchronized gradient and its state stays
-  replicated. The variant's tuning (:data:`train.config.TUNING`; for a sparse method, what
+  replicated. The variant's tuning (:class:`train.config.Tuning`; for a sparse method, what
   it leaves out comes from the recipe ``cfg.recipe``, whose lengths in epochs need
   ``steps_per_epoch``) sets:
 
@@ -110,11 +110,12 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
   ``cfg.lr_schedule='cosine'`` decays the rate to 0 over the run.
   """
   tuning = variant_tuning(cfg, variant, steps_per_epoch=steps_per_epoch)
-  corrected = tuning.get("momentum") is not None
+  corrected = tuning.momentum is not None
   default_momentum = cfg.momentum if cfg.optimizer == "sgd" else 0.9
-  momentum = 0.0 if corrected else tuning.get("opt_momentum", default_momentum)
-  lr = tuning.get("lr", cfg.lr)
-  if cfg.optimizer == "sgd" and "lr" not in tuning and "opt_momentum" in tuning:
+  momentum = 0.0 if corrected else (default_momentum if tuning.opt_momentum is None
+                                    else tuning.opt_momentum)
+  lr = cfg.lr if tuning.lr is None else tuning.lr
+  if cfg.optimizer == "sgd" and tuning.lr is None and tuning.opt_momentum is not None:
     lr = cfg.lr * (1 - momentum) / (1 - cfg.momentum)
   if cfg.lr_schedule == "cosine":
     if not steps_per_epoch:
@@ -124,8 +125,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
     raise ValueError(f"--lr-schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}.")
   if cfg.optimizer == "sgd":
     opt = optax.sgd(lr, momentum=momentum or None)
-  elif cfg.optimizer == "adamw" and tuning.get("freeze"):
-    opt = optax.chain(sj.scale_by_frozen_adam(freeze_step=tuning["freeze"], b1=momentum),
+  elif cfg.optimizer == "adamw" and tuning.freeze:
+    opt = optax.chain(sj.scale_by_frozen_adam(freeze_step=tuning.freeze, b1=momentum),
                       optax.add_decayed_weights(cfg.weight_decay),
                       optax.scale_by_learning_rate(lr))
   elif cfg.optimizer == "adamw":
@@ -133,20 +134,20 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
   else:
     raise ValueError(f"--optimizer must be 'sgd' or 'adamw', got {cfg.optimizer!r}.")
   options = dict(variant.options)
-  warmup = tuning.get("warmup", 0)
-  if tuning.get("ramp"):
-    options["density"] = sj.density_warmup(options["density"], steps=tuning["ramp"],
+  warmup = tuning.warmup or 0
+  if tuning.ramp:
+    options["density"] = sj.density_warmup(options["density"], steps=tuning.ramp,
                                            at=warmup)
   sync = sj.sync_gradients(variant.method, axis_name=cfg.axis_name, warmup_steps=warmup,
-                           momentum=tuning.get("momentum"),
-                           momentum_masking=bool(tuning.get("masking", 1)),
-                           clip_norm=tuning.get("clip"), **options)
+                           momentum=tuning.momentum,
+                           momentum_masking=tuning.masking != 0,
+                           clip_norm=tuning.clip, **options)
   return optax.chain(sync, opt)
 
 
 def variant_tuning(cfg: TrainConfig, variant: Variant, *,
-                   steps_per_epoch: int | None = None) -> dict:
-  """The :data:`~train.config.TUNING` ``variant`` trains with: its own keys, and for a
+                   steps_per_epoch: int | None = None) -> Tuning:
+  """The :class:`~train.config.Tuning` ``variant`` trains with: its own keys, and for a
   sparse method the recipe ``cfg.recipe`` for what they leave out.
 
   Raises:
@@ -155,15 +156,15 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
   """
   tuning = variant.tuning
   if sj.methods.is_sparse(variant.method):  # the recipe fills in the rest
-    tuning = {**recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
-                              steps_per_epoch=steps_per_epoch), **tuning}
-  if "freeze" in tuning and cfg.optimizer != "adamw":
+    tuning = tuning.over(recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
+                                       steps_per_epoch=steps_per_epoch))
+  if tuning.freeze is not None and cfg.optimizer != "adamw":
     raise ValueError(f"freeze (Adam's second moment frozen) needs --optimizer "
                      f"adamw, got --optimizer {cfg.optimizer}.")
-  if "masking" in tuning and tuning.get("momentum") is None:
+  if tuning.masking is not None and tuning.momentum is None:
     raise ValueError("masking (DGC's momentum factor masking) needs momentum=M "
                      "(DGC's momentum correction) in the same spec.")
-  if tuning.get("ramp") and not sj.methods.is_sparse(variant.method):
+  if tuning.ramp and not sj.methods.is_sparse(variant.method):
     raise ValueError(f"ramp (a density warm-up) needs a sparse method with a "
                      f"density; {variant.method!r} has none.")
   return tuning
@@ -364,7 +365,7 @@ def run_record(cfg: TrainConfig, variant: Variant, steps_per_epoch: int) -> dict
   record["method"] = variant.method
   record.update({f"option {k}": v for k, v in variant.options.items()})
   tuning = variant_tuning(cfg, variant, steps_per_epoch=steps_per_epoch)
-  record.update({f"tuning {k}": v for k, v in tuning.items()})
+  record.update({f"tuning {k}": v for k, v in tuning.given().items()})
   return json.loads(json.dumps(record))
 
 

@@ -18,7 +18,7 @@ import spardl_jax as sj
 from spardl_jax.parallel.rows import shard_rows
 from spardl_jax.tools import traffic
 from train import data, input_pipeline, main
-from train.config import TrainConfig, Variant
+from train.config import TrainConfig, Tuning, Variant
 from train.train import compile_steps, create_train_state, make_mesh, make_optimizer, \
     train_and_evaluate
 
@@ -121,7 +121,7 @@ def test_resume_mid_epoch_is_bit_identical(digits, tmp_path):
                     batch_size=64, steps_per_epoch=10, checkpoint_every=4)
   mesh = make_mesh(4)
   variant = Variant("spardl", "spardl", {"density": 0.01},
-                    {"warmup": 5, "ramp": 12, "momentum": 0.9})
+                    Tuning(warmup=5, ramp=12, momentum=0.9))
   whole = train_and_evaluate(cfg, variant, digits, mesh, progress=False)
   assert np.any(np.asarray(whole.state.opt_state[0].velocity))
   ckpt = str(tmp_path / "ckpt")
@@ -147,7 +147,7 @@ def test_restore_onto_other_device_counts_keeps_residual_and_velocity_mass(digit
   cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", epochs=1, batch_size=48,
                     steps_per_epoch=6)
   variant = Variant("spardl", "spardl", {"density": 0.05, "teams": 2},
-                    {"warmup": 2, "momentum": 0.9, "masking": 1})
+                    Tuning(warmup=2, momentum=0.9, masking=1))
   before = train_and_evaluate(dataclasses.replace(cfg, devices=8), variant, digits,
                               make_mesh(8), progress=False, checkpoint_dir=ckpt)
   for devices, epochs in ((4, 2), (6, 3)):
@@ -359,8 +359,8 @@ def test_variant_tuning_and_recipes():
   v = parse_variant("spardl:warmup=31:density=0.05:momentum=0.9", density=0.01, teams=1,
                     sag="auto", residuals="global")
   assert v.method == "spardl" and v.options["density"] == 0.05
-  assert v.tuning == {"warmup": 31, "momentum": 0.9}
-  assert recipe_tuning("paper", optimizer="sgd", steps_per_epoch=31) == {}
+  assert v.tuning.given() == {"warmup": 31, "momentum": 0.9}
+  assert recipe_tuning("paper", optimizer="sgd", steps_per_epoch=31) == Tuning()
   params = {"w": jnp.zeros((40,))}
   mesh = make_mesh(2)
   for recipe in RECIPES:
@@ -368,7 +368,7 @@ def test_variant_tuning_and_recipes():
       cfg = TrainConfig(recipe=recipe, optimizer=optimizer)
       want = recipe_tuning(recipe, optimizer=optimizer, steps_per_epoch=10)
       state = sj.init_opt_state(make_optimizer(cfg, SPARDL, steps_per_epoch=10), params, mesh)
-      assert (state[0].velocity is not None) == ("momentum" in want)
+      assert (state[0].velocity is not None) == (want.momentum is not None)
       dense = sj.init_opt_state(make_optimizer(cfg, Variant("dense", "dense", {}),
                                                steps_per_epoch=10), params, mesh)
       assert dense[0].velocity is None
