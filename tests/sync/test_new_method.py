@@ -64,7 +64,7 @@ def test_usable_by_name_everywhere(registered, tmp_path):
   from train.config import parse_variant
   variant = parse_variant("example_scaled_mean:scale=0.25:lr=0.1", density=0.01, teams=1,
                           sag="auto", residuals="global")
-  assert (variant.options, variant.tuning) == ({"scale": 0.25}, {"lr": 0.1})
+  assert (variant.options, variant.tuning.given()) == ({"scale": 0.25}, {"lr": 0.1})
   # The optax sync: a quarter of the mean gradient, on every device.
   p, params = 4, {"w": jnp.zeros((6,))}
   tx = sj.sync_gradients("example_scaled_mean", scale=0.25)
