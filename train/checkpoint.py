@@ -15,7 +15,7 @@ declares (:func:`spardl_jax.fold_rules`):
   last row absorbs the rounding, so the rows add up to the saved total within one float32
   rounding): both are per-device sums of gradient mass the next syncs still deliver;
 * the sync's step ``count`` (the same on every device) is kept, so a dense warm-up or a
-  density schedule goes on where it was;
+  density schedule goes on where it was, and so are PowerSGD's warm-start ``Q`` factors;
 * the gradients an ``optax.MultiSteps`` accumulated are averaged over the saved devices
   and every new device gets that mean, so the mean the next sync sees is unchanged;
 * the rest (the B-SAG ``h`` controller, Ok-Topk thresholds, sync statistics) depends on

@@ -23,7 +23,7 @@ from spardl_jax.core.nonfinite import NonFinite, check_policy, skip_if
 __all__ = ['SparDLState', 'SUPPORTED_DTYPES', 'check_dtype', 'bound_axes',
            'axis_size', 'resolve_teams', 'spardl_allreduce', 'BlockFrame', 'block_frame',
            'to_blocks', 'from_blocks', 'own_block_selection', 'gather_team', 'scatter_result',
-           'collect_residual', 'SparDL']
+           'collect_residual', 'SparDLMethod']
 
 
 @protocol.folds(residual=protocol.SUM)
@@ -353,7 +353,7 @@ def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult, in_result: j
 
 @protocol.register
 @dataclasses.dataclass(frozen=True)
-class SparDL(protocol.FlatVector):
+class SparDLMethod(protocol.FlatVector):
   """SparDL (:func:`spardl_allreduce`) as a registered :class:`~spardl_jax.core.protocol.AllReduce`."""
 
   name: ClassVar[str] = "spardl"
