@@ -37,6 +37,13 @@ def _specs(state, axis_name: str):
     if isinstance(node, SyncState):
       return jax.tree.map(lambda _: per_device, node)
     if isinstance(node, optax.MultiStepsState) and _contains_sync(node.inner_opt_state):
+      if jax.tree.leaves(node.skip_state):
+        raise ValueError(
+            "opt_state_specs: optax.MultiSteps around a gradient sync has a "
+            "should_skip_update_fn (such as optax.skip_not_finite). It decides on each "
+            "device's own gradient whether to run the micro-step, so a device with a NaN "
+            "would skip the collectives the others wait in (a hang). Drop it: the sync's "
+            "nonfinite='skip' (the default) skips a bad step on every device alike.")
       for leaf in jax.tree.leaves(node.acc_grads):
         if not leaf.shape:
           raise ValueError(

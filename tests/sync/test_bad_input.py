@@ -109,6 +109,11 @@ ROWS = [
      r"target must be in \(0, 1\]"),
     ("PowerSGD seed beyond 64 bits", lambda: sj.methods.make("powersgd", seed=2 ** 70),
      r"seed must be an int in \[-2\*\*63, 2\*\*63\)"),
+    ("MultiSteps with a per-device skip around the sync",
+     lambda: sj.init_opt_state(optax.MultiSteps(
+         optax.chain(sj.spardl(density=0.5), optax.sgd(0.1)), 2,
+         should_skip_update_fn=optax.skip_not_finite), PARAMS, harness.mesh(2)),
+     "MultiSteps around a gradient sync has a should_skip_update_fn"),
     ("an option no method or sync has", lambda: sj.spardl(foo=1),
      r"method 'spardl' has no option foo; its options are \['alpha', 'beta', 'density'"),
     ("a method spec key given twice",
