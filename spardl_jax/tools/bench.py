@@ -7,6 +7,7 @@ Usage::
   python -m spardl_jax.tools.bench --devices 12,14 --n 14.7e6 --methods spardl --teams all
   python -m spardl_jax.tools.bench --methods spardl,dense --n 1e6 --trace bench_out/trace
   python -m spardl_jax.tools.bench --selection --n 1e6,14.7e6 --densities 0.01,0.001
+  python -m spardl_jax.tools.bench --emulate --devices 8,16 --n 14.7e6,66e6  # one GPU
 
 For each device count ``P``, gradient size ``n`` and method (SparDL once per team count
 ``d`` and per ``--wire`` format) it reports:
@@ -32,6 +33,13 @@ and ``lax.approx_max_k`` (approximate, recall target 0.95), plus one dense eleme
 over the vector (the memory floor), each the median of ``--repeats`` after a warm-up; ours
 is checked to return exactly ``lax.top_k``'s index set. ``--out`` writes ``results.json`` and ``modeled_time.png`` (modeled time vs
 ``P`` per method). ``--trace`` writes Perfetto traces of a few calls (ui.perfetto.dev).
+
+``--emulate`` times the whole sync's compute on ONE device with the ``P`` ranks emulated:
+``jax.vmap`` with the method's axis name runs all ranks batched, and its collectives become
+gathers and permutations inside the device's memory, so no network is timed. Each method
+(and ``psum``, as ``dense``) runs the same way; the table gives the time of the batched call
+and that time over ``P`` (an estimate of one rank's compute, exact only when the batch fills
+the device). The results are checked: every rank's output equal to rank 0's.
 """
 
 from __future__ import annotations
@@ -48,8 +56,8 @@ from spardl_jax.core import protocol
 from spardl_jax.core.config import ETHERNET_10G, SAG_MODES, WIRE_FORMATS
 from spardl_jax.sync import methods as _methods
 
-__all__ = ['flat_methods', 'PAPER_SIZES', 'run', 'format_table', 'format_table1', 'plot',
-           'run_selection', 'format_selection', 'main']
+__all__ = ['flat_methods', 'PAPER_SIZES', 'run', 'run_emulated', 'format_table', 'format_table1',
+           'format_emulated', 'plot', 'run_selection', 'format_selection', 'main']
 
 def flat_methods() -> tuple[str, ...]:
   """The registered methods that sync one flat vector. PowerSGD needs the leaf shapes of a
@@ -98,6 +106,9 @@ def _parse_args(argv):
   parser.add_argument("--max-memory-gb", type=float, default=6.0,
                       help="time a configuration only if its arrays fit in this much memory")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--emulate", action="store_true",
+                      help="time each sync on one device with --devices ranks emulated by "
+                           "jax.vmap (see above)")
   parser.add_argument("--selection", action="store_true",
                       help="time the top-k selection alone (see above) instead of all-reduces")
   parser.add_argument("--densities", default="0.01,0.001",
@@ -247,6 +258,54 @@ def run(args) -> list[dict]:
   return rows
 
 
+def run_emulated(args) -> list[dict]:
+  """``--emulate``: each method's sync with ``P`` ranks batched on one device (``jax.vmap``
+  with the axis name), timed; rows whose arrays exceed ``--max-memory-gb`` are skipped."""
+  import jax
+  import numpy as np
+
+  rows = []
+  for p in args.devices:
+    for n in args.n:
+      if 8 * p * n * 4 > args.max_memory_gb * 2**30:
+        print(f"P = {p}, n = {n:,}: over --max-memory-gb, skipped", file=sys.stderr)
+        continue
+      x = jax.random.normal(jax.random.key(args.seed), (p, n))
+      for label, method, d in _variants(args, p):
+        state = jax.tree.map(lambda a, p=p: jax.numpy.broadcast_to(a, (p, *a.shape)),
+                             method.init(n=n, dtype=x.dtype, p=p))
+        fn = jax.jit(jax.vmap(lambda x, s, m=method: m.apply(x, s, axis_name="data"),
+                              axis_name="data"))
+        try:
+          y, _ = jax.block_until_ready(fn(x, state))
+        except AssertionError as error:  # vmap batches a ppermute only as a full permutation
+          rows.append({"n": n, "devices": p, "method": label, "teams": d, "time_s": None,
+                       "skipped": f"not emulable with jax.vmap: {error}"})
+          continue
+        same = bool(np.all(np.asarray(y) == np.asarray(y)[:1]))
+        seconds = _median_seconds(fn, x, state, args.repeats)
+        rows.append({"n": n, "devices": p, "method": label, "teams": d,
+                     "device": jax.devices()[0].device_kind, "time_s": seconds,
+                     "per_rank_s": seconds / p, "identical_ranks": same})
+  return rows
+
+
+def format_emulated(rows: list[dict]) -> str:
+  """The ``--emulate`` table, with each time against ``dense`` (``psum``) at the same size."""
+  lines = ["| n | P | method | batched call (s) | per rank (s) | × psum | ranks identical |",
+           "|---|---|---|---|---|---|---|"]
+  dense = {(r["n"], r["devices"]): r["time_s"] for r in rows if r["method"] == "dense"}
+  for r in rows:
+    if r["time_s"] is None:
+      lines.append(f"| {r['n']:,} | {r['devices']} | {r['method']} | {r['skipped']} | | | |")
+      continue
+    base = dense.get((r["n"], r["devices"]))
+    ratio = f"{r['time_s'] / base:.1f}" if base else "-"
+    lines.append(f"| {r['n']:,} | {r['devices']} | {r['method']} | {r['time_s']:.4f} | "
+                 f"{r['per_rank_s']:.5f} | {ratio} | {r['identical_ranks']} |")
+  return "\n".join(lines)
+
+
 def format_table(rows: list[dict]) -> str:
   head = ("| n | P | method | HLO rounds | formula rounds | HLO bytes/device | formula bytes "
           "| time (s) | modeled 10GbE (ms) | modeled IB (ms) |")
@@ -386,6 +445,16 @@ def main(argv=None) -> int:
         json.dump({"args": vars(args), "rows": rows}, f, indent=2)
     return 0
   import jax
+  if args.emulate:  # one device, whatever the backend
+    rows = run_emulated(args)
+    print(f"Each sync with P ranks emulated on one {jax.devices()[0].device_kind} "
+          f"(jax {jax.__version__}), density {args.density}, median of {args.repeats}")
+    print(format_emulated(rows))
+    if args.out:
+      os.makedirs(args.out, exist_ok=True)
+      with open(os.path.join(args.out, "emulated.json"), "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+    return 0
   # Before JAX starts its CPU backend; ignored on GPU hosts, which use their real devices.
   jax.config.update("jax_num_cpu_devices", max(args.devices))
   rows = run(args)

@@ -72,3 +72,17 @@ def test_selection_benchmark_is_exact_and_complete():
     assert all(r[f"{name}_s"] > 0 for name in ("count", "sort", "sort_one_stage", "top_k",
                                                "approx_max_k", "dense_pass"))
   assert "| 3,000 | 0.01 | 30 |" in bench.format_selection(rows)
+
+
+def test_emulated_sync_on_one_device():
+  """--emulate: each method's whole sync with P ranks batched by jax.vmap on one device;
+  every rank gets the same result; gTopk's partial permutations cannot be batched, and the
+  row says so instead of a time."""
+  args = bench._parse_args(["--emulate", "--devices", "4", "--n", "2000", "--repeats", "1",
+                            "--methods", "spardl,dense,topka,gtopk", "--wire", "exact"])
+  rows = bench.run_emulated(args)
+  assert [r["method"] for r in rows] == ["spardl", "dense", "topka", "gtopk"]
+  for r in rows[:3]:
+    assert r["identical_ranks"] and r["time_s"] > 0 and r["per_rank_s"] == r["time_s"] / 4
+  assert rows[3]["time_s"] is None and "not emulable with jax.vmap" in rows[3]["skipped"]
+  assert "| 2,000 | 4 | dense |" in bench.format_emulated(rows)
