@@ -26,7 +26,8 @@ class _Stateless(protocol.FlatVector):
   device (their ``formula``), and every NaN or inf reaching the sum."""
 
   Config: ClassVar[None] = None
-  formula: ClassVar[Callable[..., protocol.Cost]]  # each subclass's cost (declared for the type checker)
+  # Each subclass's cost (declared here for the type checker).
+  formula: ClassVar[Callable[..., protocol.Cost]]
   nonfinite_reaches_result: ClassVar[bool] = True  # a sum with a NaN or inf is not finite
   sparse: ClassVar[bool] = False
   config: None = None

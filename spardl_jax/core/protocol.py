@@ -15,8 +15,9 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkab
 
 import jax
 
-__all__ = ['AllReduce', 'Cost', 'PaperCost', 'SUM', 'SAME', 'MEAN', 'FRESH', 'folds', 'declared_folds', 'HasResidual', 'residual',
-           'FlatVector', 'register', 'registered', 'build']
+__all__ = ['AllReduce', 'Cost', 'PaperCost', 'SUM', 'SAME', 'MEAN', 'FRESH', 'folds',
+           'declared_folds', 'HasResidual', 'residual', 'FlatVector', 'register', 'registered',
+           'build']
 
 @runtime_checkable
 class AllReduce(Protocol):

@@ -167,8 +167,9 @@ def test_a_terminated_launcher_stops_its_ranks(tmp_path):
   pids = tmp_path / "pids"
   rank = (f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
           "time.sleep(120)")
-  job = subprocess.Popen([sys.executable, "-m", "spardl_jax.parallel.launch", "--processes", "2", "--",
-                          sys.executable, "-c", rank], stdout=subprocess.PIPE, text=True)
+  job = subprocess.Popen([sys.executable, "-m", "spardl_jax.parallel.launch", "--processes",
+                          "2", "--", sys.executable, "-c", rank], stdout=subprocess.PIPE,
+                         text=True)
   deadline = time.monotonic() + 30
   while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
     time.sleep(0.1)

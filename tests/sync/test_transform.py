@@ -122,7 +122,8 @@ def test_multisteps_accumulates_locally_and_syncs_once():
     if i < k - 1:
       assert not np.any(np.asarray(updates["w"]))
   mean = jax.tree.map(lambda *g: sum(g) / k, *micro)
-  want, _ = harness.update_fn(inner, p, params)(harness.put_rows(p, mean), sj.init_opt_state(inner, params, mesh))
+  want, _ = harness.update_fn(inner, p, params)(harness.put_rows(p, mean),
+                                                sj.init_opt_state(inner, params, mesh))
   for key in params:
     np.testing.assert_allclose(updates[key], want[key], rtol=1e-5, atol=1e-6)
 
