@@ -430,6 +430,17 @@ def format_selection(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _save(args, name: str, **payload) -> bool:
+  """Writes ``payload`` and the arguments as ``--out``/``name`` (JSON); False without
+  ``--out``."""
+  if not args.out:
+    return False
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, name), "w") as f:
+    json.dump({"args": vars(args), **payload}, f, indent=2)
+  return True
+
+
 def main(argv=None) -> int:
   args = _parse_args(sys.argv[1:] if argv is None else argv)
   if args.selection:
@@ -439,10 +450,7 @@ def main(argv=None) -> int:
           f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}; "
           f"median of {args.repeats})")
     print(format_selection(rows))
-    if args.out:
-      os.makedirs(args.out, exist_ok=True)
-      with open(os.path.join(args.out, "selection.json"), "w") as f:
-        json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+    _save(args, "selection.json", rows=rows)
     return 0
   import jax
   if args.emulate:  # one device, whatever the backend
@@ -450,10 +458,7 @@ def main(argv=None) -> int:
     print(f"Each sync with P ranks emulated on one {jax.devices()[0].device_kind} "
           f"(jax {jax.__version__}), density {args.density}, median of {args.repeats}")
     print(format_emulated(rows))
-    if args.out:
-      os.makedirs(args.out, exist_ok=True)
-      with open(os.path.join(args.out, "emulated.json"), "w") as f:
-        json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+    _save(args, "emulated.json", rows=rows)
     return 0
   # Before JAX starts its CPU backend; ignored on GPU hosts, which use their real devices.
   jax.config.update("jax_num_cpu_devices", max(args.devices))
@@ -466,10 +471,7 @@ def main(argv=None) -> int:
   print(format_table(rows))
   print("\nThe paper's Table 1 beside the measurement")
   print(format_table1(rows))
-  if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-      json.dump({"machine": machine, "args": vars(args), "rows": rows}, f, indent=2)
+  if _save(args, "results.json", machine=machine, rows=rows):
     plot(rows, os.path.join(args.out, "modeled_time.png"))
   return 0
 
