@@ -18,14 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec
 
-from spardl_jax.core import flat as flat_vector
 from spardl_jax.core import protocol
 from spardl_jax.core import nonfinite as nonfinite_policy
 from spardl_jax.core.allreduce import axis_size as bound_axis_size
 from spardl_jax.core.allreduce import bound_axes
 from spardl_jax.core.nonfinite import NonFinite
-from spardl_jax.sync import levels
+from spardl_jax.sync import levels, mesh_axes
 
 __all__ = ['SyncStats', 'SyncState', 'sync_gradients', 'spardl', 'powersgd', 'sync_stats']
 
@@ -196,24 +196,18 @@ def _stats(y, new_local, bytes_sent, h, bad, old: SyncStats, *, density) -> Sync
       density=density.astype(jnp.float32)[None])
 
 
-def _unflatten(y, leaves) -> list:
-  """Stage 6: the flat result cut back into the float leaves (each in its own dtype); other
-  leaves pass through."""
-  out, start = [], 0
-  for x in leaves:
-    if jnp.issubdtype(x.dtype, jnp.floating):
-      out.append(y[start:start + x.size].reshape(x.shape).astype(x.dtype))
-      start += x.size
-    else:
-      out.append(x)
-  return out
+def _unflatten(floats, leaves) -> list:
+  """Stage 6: ``leaves`` with the float ones replaced by ``floats`` (the synced result cut
+  back into them, :func:`spardl_jax.sync.mesh_axes.unpack`); other leaves pass through."""
+  new = iter(floats)
+  return [next(new) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in leaves]
 
 
 def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    axis_size: int | None = None, nonfinite: NonFinite = "skip",
                    warmup_steps: int = 0, momentum: float | None = None,
                    momentum_masking: bool = True, clip_norm: float | None = None,
-                   **options) -> optax.GradientTransformation:
+                   param_specs=None, **options) -> optax.GradientTransformation:
   """Synchronizes gradients across ``axis_name`` with the all-reduce ``method``.
 
   ``update`` must run inside ``jax.shard_map`` over ``axis_name`` with the local gradient
@@ -248,6 +242,16 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
   Whatever is accumulated, the bookkeeping stays exact (for SparDL with global residuals):
   ``sum(new residuals) + P * y == sum(u (or g) + old residuals)`` up to float rounding.
 
+  **Sharded models.** On a mesh of several axes the sync reduces over ``axis_name`` only,
+  and the parameters may be sharded over the other axes (FSDP, tensor parallelism): each
+  column of the data axis (the devices at one position on the other axes) syncs its own
+  local shards, concatenated, so nothing is gathered over the other axes, and the top-k of a
+  sparse method is taken per column (:mod:`spardl_jax.sync.mesh_axes`; ``docs/design.md``,
+  "Sharded models"). The state then has one row per device of the whole mesh. This works in a
+  ``shard_map`` over all the mesh's axes (the gradients are local shards), in a partial-auto
+  ``shard_map(..., axis_names={axis_name})`` (the sync opens a ``shard_map`` over the other
+  axes itself) and under ``jax.jit`` through :func:`spardl_jax.data_parallel_step`.
+
   **Non-finite gradients.** Every device learns in the same step whether any device's
   gradient (plus residual) holds a NaN or an inf, and all take the same decision, so no
   device ever skips a collective the others wait in. With ``nonfinite='skip'`` (default)
@@ -270,6 +274,11 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     momentum: DGC momentum correction factor in [0, 1), or None (off).
     momentum_masking: DGC momentum factor masking (with ``momentum``).
     clip_norm: DGC local gradient clipping threshold (> 0), or None (off).
+    param_specs: the parameters' ``PartitionSpec`` s over the mesh (a pytree of the
+      parameters' structure), needed only where the sync cannot read them: inside a
+      partial-auto ``shard_map`` whose other axes are ``Auto``, or for ``init`` of traced
+      parameters under ``jax.set_mesh`` with ``Auto`` axes. Concrete arrays and ``Explicit``
+      axes carry their own.
     **options: the method's options (for ``'spardl'``: ``density`` (a number or a
       schedule), ``teams``, ``sag``, ``residuals``, ``alpha``, ``beta``).
 
@@ -302,11 +311,41 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
   # Validation memory only; nothing computed depends on it.
   initialized_for: set[tuple] = set()
 
-  def init_fn(params):
-    _refuse_apply_if_finite()
+  def layout_of(tree, floats, specs) -> tuple[mesh_axes.Segment, ...]:
+    """How this device's float leaves make its flat vector (``specs``: every leaf's spec
+    over the whole mesh, or None where the caller has none)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    bound = set(bound_axes())
+    others = {a: mesh.shape[a] for a in mesh.axis_names
+              if a in bound and a != axis_name and mesh.shape[a] > 1}
+    if not others:
+      return (mesh_axes.Segment((), tuple(range(len(floats))), sum(x.size for x in floats),
+                                sum(x.size for x in floats)),)
+    given = param_specs if param_specs is not None else mesh_axes.init_specs()
+    if specs is None:
+      if given is None:
+        raise ValueError(
+            f"sync_gradients: the sync runs inside a shard_map over the mesh axes "
+            f"{tuple(others)} besides {axis_name!r}, where each device holds only its shards "
+            f"and the sync cannot see which parameters are replicated over those axes; pass "
+            f"param_specs=<the parameters' PartitionSpecs> (the in_specs of your shard_map) "
+            f"to the transformation.")
+      specs = mesh_axes.leaf_specs(tree, given)
+    float_specs = [spec for x, spec in zip(jax.tree.leaves(tree), specs)
+                   if jnp.issubdtype(x.dtype, jnp.floating)]
+    layout = mesh_axes.segments([x.shape for x in floats], float_specs, others)
+    if any(seg.axes for seg in layout) and any(level.allreduce.leafwise for level in unbound):
+      raise ValueError(
+          f"sync_gradients: {method!r} compresses each parameter as a matrix, but some "
+          f"parameters are replicated over the mesh axes {tuple(others)}, whose slices the "
+          f"sync spreads over those axes; shard every parameter over them, or use a method "
+          f"that sees one flat vector (sj.methods.names()).")
+    return layout
+
+  def init_local(params, specs=None):
     leaves, dtype = _float_leaves(params)
     initialized_for.add(tuple(tuple(x.shape) for x in leaves))
-    n = sum(int(np.prod(x.shape)) for x in leaves)
+    n = sum(seg.chunk for seg in layout_of(params, leaves, specs))
     lead, p = _devices(axis_name, axis_size)
 
     def per_device(a):
@@ -395,6 +434,9 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     """Stage 4: DGC's momentum factor masking, then the non-finite guard every device
     agrees on: ``(y, new_local, velocity, bad)``."""
     bad = nonfinite_policy.any_device(reaches_result, x, local, y, axis_name)
+    columns = tuple(a for a in bound_axes() if a != axis_name)
+    if columns:  # every column skips, or none: a step is never applied to some shards only
+      bad = jax.lax.pmax(bad.astype(jnp.int32), columns) > 0
     if velocity is not None and momentum_masking:
       sparse = ~jnp.asarray([level.dense for level in shapes.levels])[index]
       velocity = jnp.where(sparse & (y != 0), jnp.zeros_like(velocity), velocity)
@@ -404,16 +446,15 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
         velocity = jnp.where(bad, old_velocity[0], velocity)
     return y, new_local, velocity, bad
 
-  def update_fn(updates, state, params=None):
-    del params
-    _refuse_apply_if_finite()
+  def update_local(updates, state, specs=None):
     p = bound_axis_size(axis_name, who="sync_gradients: update")
     leaves, treedef = jax.tree.flatten(updates)
     floats, dtype = _float_leaves(updates)
-    shapes = _Shapes(tuple(tuple(x.shape) for x in floats), sum(x.size for x in floats), dtype,
-                     levels.for_leaves(unbound, [x.shape for x in floats]))
+    layout = layout_of(updates, floats, specs)
+    shapes = _Shapes(tuple(tuple(x.shape) for x in floats), sum(seg.chunk for seg in layout),
+                     dtype, levels.for_leaves(unbound, [x.shape for x in floats]))
     local = check_state(state, shapes, p)
-    x, velocity = local_gradient(flat_vector.concat(floats, dtype), state.velocity, p)
+    x, velocity = local_gradient(mesh_axes.pack(floats, dtype, layout), state.velocity, p)
     y, new_local, bytes_sent, h, index, local = run_levels(shapes, x, local, state.count[0], p)
     y, new_local, velocity, bad = agree_on_nonfinite(x, y, local, new_local, velocity,
                                                      state.velocity, shapes, index)
@@ -421,7 +462,55 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    density=jnp.asarray([lv.density for lv in shapes.levels])[index])
     new_state = SyncState(jax.tree.map(lambda a: a[None], new_local),
                           None if velocity is None else velocity[None], state.count + 1, stats)
-    return jax.tree.unflatten(treedef, _unflatten(y, leaves)), new_state
+    return (jax.tree.unflatten(treedef, _unflatten(mesh_axes.unpack(y, floats, layout), leaves)),
+            new_state)
+
+  def shard_specs(tree, axes, who):
+    """Each leaf's spec over the mesh (a list) and over the ``axes`` the sync must open
+    itself (a tree, for ``shard_map``); a clear error where it cannot know them."""
+    mesh = jax.sharding.get_abstract_mesh()
+    others = tuple(a for a in axes if a != axis_name and mesh.shape[a] > 1)
+    if not others:  # a one-axis mesh: the parameters are replicated
+      return None, jax.tree.map(lambda _: PartitionSpec(), tree)
+    explicit = all(mesh.axis_types[mesh.axis_names.index(a)] == jax.sharding.AxisType.Explicit
+                   for a in others)
+    concrete = all(isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+                   for x in jax.tree.leaves(tree))
+    if param_specs is None and not explicit and not concrete:
+      raise ValueError(
+          f"sync_gradients: {who} runs where the mesh axes {others} are left to the compiler "
+          f"(Auto), so the sync cannot see how the parameters are sharded over them; pass "
+          f"param_specs=<the parameters' PartitionSpecs> to the transformation, or make "
+          f"those mesh axes Explicit.")
+    specs = mesh_axes.leaf_specs(tree, param_specs)
+    mesh_axes.check_leaf_specs(tree, specs, dict(mesh.shape), axis_name, f"sync_gradients: {who}")
+    return specs, jax.tree.unflatten(jax.tree.structure(tree),
+                                     [mesh_axes.restrict(spec, axes) for spec in specs])
+
+  def init_fn(params):
+    _refuse_apply_if_finite()
+    axes = mesh_axes.unbound_axes(axis_name)  # a partial-auto shard_map's other axes
+    mesh = jax.sharding.get_abstract_mesh()
+    if not axes and axis_size is None and not bound_axes() and axis_name in mesh.axis_names:
+      axes = tuple(mesh.axis_names)  # outside shard_map, under a mesh: each device its rows
+    if not axes:
+      return init_local(params)
+    rows = (mesh_axes.device_spec(axes, axis_name) if axis_name in axes
+            else PartitionSpec(axes))
+    specs, over = shard_specs(params, axes, "init")
+    return mesh_axes.on_local_shards(functools.partial(init_local, specs=specs), axes, (over,),
+                                     rows)(params)
+
+  def update_fn(updates, state, params=None):
+    del params
+    _refuse_apply_if_finite()
+    axes = mesh_axes.unbound_axes(axis_name)
+    if not axes:
+      return update_local(updates, state)
+    specs, over = shard_specs(updates, axes, "update")
+    rows = jax.tree.map(lambda _: PartitionSpec(axes), state)
+    return mesh_axes.on_local_shards(functools.partial(update_local, specs=specs), axes,
+                                     (over, rows), (over, rows))(updates, state)
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -171,9 +171,13 @@ def test_errors_are_clear():
   with pytest.raises(ValueError, match="inside jax.shard_map"):
     tx.update({"w": jnp.ones(3)}, state)
   mesh = jax.make_mesh((2,), ("batch",), devices=jax.devices()[:2])
+  with pytest.raises(ValueError, match=r"init_opt_state: axis_name='data' is not an axis of "
+                                       r"the mesh; its axes are \('batch',\)"):
+    sj.init_opt_state(sj.spardl(density=0.1), {"w": jnp.zeros(3)}, mesh)
   with pytest.raises(ValueError, match=r"axis_name='data', but init runs inside jax.shard_map "
                                        r"over the axes \['batch'\]"):
-    sj.init_opt_state(sj.spardl(density=0.1), {"w": jnp.zeros(3)}, mesh)
+    jax.shard_map(sj.spardl(density=0.1).init, mesh=mesh, in_specs=P(), out_specs=P(),
+                  check_vma=False)({"w": jnp.zeros(3)})
 
 
 # SparDL on every P of the conservation set (tests/core/test_allreduce.py), teams 1 to 4.
