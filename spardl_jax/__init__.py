@@ -24,8 +24,8 @@ from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
 from spardl_jax.sync.levels import density_warmup
 from spardl_jax.sync.adam import ScaleByFrozenAdamState, scale_by_frozen_adam
-from spardl_jax.sync.data_parallel import (fold_rules, init_opt_state, opt_state_shardings,
-                                           opt_state_specs)
+from spardl_jax.sync.data_parallel import (data_parallel_step, fold_rules, init_opt_state,
+                                           opt_state_shardings, opt_state_specs)
 from spardl_jax.sync.methods import sharded_allreduce
 from spardl_jax.sync.transform import (SyncState, SyncStats, powersgd, spardl, sync_gradients,
                                        sync_stats)
@@ -42,6 +42,7 @@ __all__ = (
     "SyncState",
     "SyncStats",
     "bounded_dispatch",
+    "data_parallel_step",
     "density_warmup",
     "distributed",
     "fold_rules",

@@ -5,14 +5,17 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
 from spardl_jax.parallel import launch
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-BLOCKS = re.findall(r"```python\n(.*?)```", open(os.path.join(ROOT, "README.md")).read(),
-                    re.S)
+# A block inside a list item is indented with it.
+BLOCKS = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```",
+                                                 open(os.path.join(ROOT, "README.md")).read(),
+                                                 re.S)]
 
 
 def test_the_readme_has_python_blocks():

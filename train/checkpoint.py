@@ -110,24 +110,36 @@ def fold_residual(saved: np.ndarray, devices: int) -> np.ndarray:
   return rows
 
 
-def _axis_size(sharding, spec) -> int:
-  """Devices along the leading axis of a per-device leaf (1 for other leaves)."""
+def _row_devices(axis_names, sizes, spec) -> tuple[int, int]:
+  """``(data, columns)`` of a per-device leaf's leading axis: its rows are data-major, one
+  (or several) per device of the data axis times the mesh's other axes
+  (spardl_jax.sync.mesh_axes); ``(1, 1)`` for other leaves."""
   if not spec or spec[0] is None:
-    return 1
-  return dict(zip(sharding.axis_names, sharding.shape))[spec[0]]
+    return 1, 1
+  # Orbax's metadata lists a tuple of axes as a list.
+  axes = tuple(spec[0]) if isinstance(spec[0], (tuple, list)) else (spec[0],)
+  shape = dict(zip(axis_names, sizes))
+  return shape[axes[0]], int(np.prod([shape[a] for a in axes[1:]], dtype=np.int64))
 
 
-def _redistribute(rule: str, saved: np.ndarray, like: jax.Array,
-                  old_devices: int) -> np.ndarray:
-  """A per-device leaf saved on ``old_devices`` rebuilt on ``like``'s devices by its
-  :func:`spardl_jax.fold_rules` rule (each device's rows are a contiguous slice of the
-  leading axis, one row or several)."""
+def _redistribute(rule: str, saved: np.ndarray, like: jax.Array, old: tuple[int, int],
+                  path: str) -> np.ndarray:
+  """A per-device leaf saved on ``old`` = ``(data, columns)`` devices rebuilt on ``like``'s
+  by its :func:`spardl_jax.fold_rules` rule, each column of the data axis on its own (each
+  device's rows are a contiguous slice of the leading axis, one row or several)."""
   if rule == sj_protocol.FRESH:
     return np.asarray(like)
-  devices = like.sharding.mesh.shape[like.sharding.spec[0]]
-  rows = saved.reshape(old_devices, -1, *saved.shape[1:])  # (device, its rows, ...)
+  mesh = like.sharding.mesh
+  devices, columns = _row_devices(mesh.axis_names, mesh.axis_sizes, like.sharding.spec)
+  if columns != old[1]:
+    raise CheckpointMismatch(
+        f"leaf {path} was saved with {old[1]} devices on the mesh axes besides the data axis "
+        f"and is restored onto {columns}; only the data axis may change size.")
+  rows = saved.reshape(old[0], columns, -1, *saved.shape[1:])  # (data, column, its rows, ...)
   if rule == sj_protocol.SUM:
-    out = fold_residual(rows.reshape(old_devices, -1), devices).reshape(devices, *rows.shape[1:])
+    flat = rows.reshape(old[0], columns, -1)
+    out = np.stack([fold_residual(flat[:, c], devices) for c in range(columns)], axis=1)
+    out = out.reshape(devices, *rows.shape[1:])
   elif rule == sj_protocol.SAME:
     out = np.repeat(rows[:1], devices, axis=0)
   elif rule == sj_protocol.MEAN:
@@ -231,8 +243,9 @@ def _restore(mgr: ocp.CheckpointManager, step: int, like):
   out = jax.tree.leaves(restored["state"])
   for i in sorted(changed):
     meta = saved[paths[i]].sharding
-    old_devices = _axis_size(meta, meta.partition_spec)
-    rows = _redistribute(rules[i], np.asarray(out[i]), leaves[i], old_devices)
+    rows = _redistribute(rules[i], np.asarray(out[i]), leaves[i],
+                         _row_devices(meta.axis_names, meta.shape, meta.partition_spec),
+                         "/".join(paths[i]))
     out[i] = jax.make_array_from_callback(rows.shape, leaves[i].sharding,
                                           lambda index, a=rows: a[index])
   if changed:

@@ -18,6 +18,7 @@ The rules are structural, so they are predictable and need no tracing.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -25,7 +26,8 @@ from spardl_jax.core import protocol
 from spardl_jax.sync import mesh_axes
 from spardl_jax.sync.transform import SyncState
 
-__all__ = ['fold_rules', 'opt_state_specs', 'opt_state_shardings', 'init_opt_state']
+__all__ = ['fold_rules', 'opt_state_specs', 'opt_state_shardings', 'init_opt_state',
+           'data_parallel_step']
 
 
 def _contains_sync(tree) -> bool:
@@ -33,21 +35,20 @@ def _contains_sync(tree) -> bool:
              for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, SyncState)))
 
 
-def _specs(state, rows: PartitionSpec, params: dict):
+def _specs(state, rows: PartitionSpec, params: dict | None):
   """``state``'s specs: ``rows`` for per-device leaves, the parameter's spec for a subtree
   shaped like the parameters (``params`` maps their structure and local shapes to their
-  specs), ``PartitionSpec()`` for the rest."""
-  treedef, shapes, specs = params["treedef"], params["shapes"], params["specs"]
-
+  specs; None: replicated like the rest), ``PartitionSpec()`` for the rest."""
   def like_params(node) -> bool:
-    return (jax.tree.structure(node) == treedef  # type: ignore[operator]
-            and [tuple(x.shape) for x in jax.tree.leaves(node)] == shapes)
+    return (params is not None
+            and jax.tree.structure(node) == params["treedef"]  # type: ignore[operator]
+            and [tuple(x.shape) for x in jax.tree.leaves(node)] == params["shapes"])
 
   def spec(node):
     if isinstance(node, SyncState):
       return jax.tree.map(lambda _: rows, node)
     if like_params(node):
-      return jax.tree.unflatten(treedef, specs)
+      return jax.tree.unflatten(params["treedef"], params["specs"])
     if isinstance(node, optax.MultiStepsState) and _contains_sync(node.inner_opt_state):
       if rows != PartitionSpec(rows[0]) or isinstance(rows[0], tuple):
         raise ValueError(
@@ -130,7 +131,7 @@ def _local_state(tx: optax.GradientTransformation, params, mesh, spec_tree):
       params, spec_tree)
   init = jax.shard_map(tx.init, mesh=mesh, in_specs=(spec_tree,), out_specs=PartitionSpec(),
                        check_vma=False)
-  with mesh_axes.specs_for_init(spec_tree):
+  with mesh_axes.known_specs(spec_tree):
     return jax.eval_shape(init, abstract)
 
 
@@ -199,5 +200,74 @@ def init_opt_state(tx: optax.GradientTransformation, params, mesh: jax.sharding.
   specs = opt_state_specs(tx, params, mesh, axis_name=axis_name, param_specs=param_specs)
   init = jax.shard_map(tx.init, mesh=mesh, in_specs=(spec_tree,), out_specs=specs,
                        check_vma=False)
-  with mesh_axes.specs_for_init(spec_tree):
+  with mesh_axes.known_specs(spec_tree):
     return jax.jit(init)(params)
+
+
+def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *,
+                       axis_name: str = "data", has_aux: bool = False):
+  """A jitted train step for ``jax.jit`` users: the gradient and its sync run per data shard
+  (a partial-auto ``shard_map`` over ``axis_name``), everything else as the mesh shards it.
+
+  Under plain ``jax.jit`` the gradient of a loss over the global batch is already the mean
+  over the data axis, all-reduced densely by the compiler; compressing it needs each data
+  shard's own gradient. This step computes ``jax.grad(loss_fn)`` on each data shard of the
+  batch, with the parameters as they are (replicated, or sharded over the mesh's other axes
+  by the compiler), syncs it with ``tx`` (which holds :func:`spardl_jax.spardl` or another
+  sync over ``axis_name``), and applies the update. Only the sync crosses the data axis.
+
+  Args:
+    loss_fn: ``loss_fn(params, *batch) -> loss`` (or ``(loss, aux)`` with ``has_aux``), the
+      mean loss of the examples it is given.
+    tx: the optimizer, a chain with the sync first.
+    mesh: the mesh; the batch's leading dimension is sharded over ``axis_name``.
+    axis_name: the data axis.
+    has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
+
+  Returns:
+    ``step(params, opt_state, *batch) -> (params, opt_state, loss[, aux])``, jitted (the
+    parameters' layout is read from the arrays, so it needs no ``param_specs``). ``loss``
+    and the float leaves of ``aux`` are means over the data axis (the same on every device).
+    ``opt_state`` comes from :func:`init_opt_state`.
+
+  Example:
+
+    >>> import jax, jax.numpy as jnp, optax, spardl_jax as sj
+    >>> mesh = jax.make_mesh((4, 2), ("data", "model"), devices=jax.devices()[:8])
+    >>> tx = optax.chain(sj.spardl(density=0.1), optax.sgd(0.1))
+    >>> params = {"w": jnp.zeros((8, 2))}
+    >>> opt_state = sj.init_opt_state(tx, params, mesh)
+    >>> step = sj.data_parallel_step(lambda p, x, y: jnp.mean((x @ p["w"] - y) ** 2), tx, mesh)
+    >>> params, opt_state, loss = step(params, opt_state, jnp.ones((16, 8)), jnp.ones((16, 2)))
+    >>> float(loss)
+    1.0
+  """
+  mesh_axes.check_axis(mesh, axis_name, "data_parallel_step")
+  if not callable(loss_fn):
+    raise TypeError(f"data_parallel_step: loss_fn must be callable, got {type(loss_fn).__name__}.")
+
+  def agreed(tree):
+    return jax.tree.map(lambda a: jax.lax.pmean(a, axis_name)
+                        if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
+
+  def local(params, opt_state, batch):
+    out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(params, *batch)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, agreed(out)
+
+  @jax.jit
+  def jitted(params, opt_state, *batch):
+    rows = _specs(opt_state, PartitionSpec(axis_name), None)
+    out = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), rows, PartitionSpec(axis_name)),
+                        out_specs=(PartitionSpec(), rows, PartitionSpec()),
+                        axis_names={axis_name}, check_vma=False)(params, opt_state, batch)
+    return out[:2] + (tuple(out[2]) if has_aux else (out[2],))
+
+  def step(params, opt_state, *batch):
+    # The arrays' shardings are part of jit's cache key, so a step traced with these specs
+    # is never reused for parameters laid out otherwise.
+    specs = jax.tree.unflatten(jax.tree.structure(params), mesh_axes.leaf_specs(params))
+    with mesh_axes.known_specs(specs):
+      return jitted(params, opt_state, *batch)
+
+  return step

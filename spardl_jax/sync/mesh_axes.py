@@ -31,7 +31,7 @@ from spardl_jax.core import flat as flat_vector
 
 __all__ = ['device_axes', 'device_spec', 'check_axis', 'leaf_specs', 'check_leaf_specs',
            'restrict', 'unbound_axes', 'on_local_shards', 'Segment', 'segments', 'pack',
-           'unpack', 'specs_for_init', 'init_specs']
+           'unpack', 'known_specs', 'given_specs']
 
 
 def device_axes(axis_names, axis_name: str) -> tuple[str, ...]:
@@ -207,21 +207,22 @@ def unpack(y, floats, layout: tuple[Segment, ...]) -> list:
   return out
 
 
-_INIT_SPECS: contextvars.ContextVar = contextvars.ContextVar("init_specs", default=None)
+_KNOWN_SPECS: contextvars.ContextVar = contextvars.ContextVar("known_specs", default=None)
 
 
 @contextlib.contextmanager
-def specs_for_init(param_specs):
-  """While tracing ``tx.init`` in a ``shard_map`` over every axis, tells the syncs in ``tx``
-  the parameters' specs (:func:`spardl_jax.init_opt_state` knows them from the arrays; the
-  local shards the sync sees there do not say which are replicated)."""
-  token = _INIT_SPECS.set(param_specs)
+def known_specs(param_specs):
+  """While tracing a step or ``tx.init`` that this library wraps in a ``shard_map``, tells
+  the syncs inside the parameters' specs (a pytree of the parameters' structure): the
+  wrappers know them from the arrays, where the sync sees only local shards (a
+  ``shard_map`` over every axis) or ``Auto`` axes that do not say."""
+  token = _KNOWN_SPECS.set(param_specs)
   try:
     yield
   finally:
-    _INIT_SPECS.reset(token)
+    _KNOWN_SPECS.reset(token)
 
 
-def init_specs():
-  """The specs :func:`specs_for_init` set, or None."""
-  return _INIT_SPECS.get()
+def given_specs():
+  """The specs :func:`known_specs` set, or None."""
+  return _KNOWN_SPECS.get()

@@ -321,7 +321,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     if not others:
       return (mesh_axes.Segment((), tuple(range(len(floats))), sum(x.size for x in floats),
                                 sum(x.size for x in floats)),)
-    given = param_specs if param_specs is not None else mesh_axes.init_specs()
+    given = param_specs if param_specs is not None else mesh_axes.given_specs()
     if specs is None:
       if given is None:
         raise ValueError(
@@ -345,8 +345,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
   def init_local(params, specs=None):
     leaves, dtype = _float_leaves(params)
     initialized_for.add(tuple(tuple(x.shape) for x in leaves))
-    n = sum(seg.chunk for seg in layout_of(params, leaves, specs))
     lead, p = _devices(axis_name, axis_size)
+    n = sum(seg.chunk for seg in layout_of(params, leaves, specs))
 
     def per_device(a):
       a = jnp.asarray(a)
@@ -476,13 +476,14 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    for a in others)
     concrete = all(isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
                    for x in jax.tree.leaves(tree))
-    if param_specs is None and not explicit and not concrete:
+    given = param_specs if param_specs is not None else mesh_axes.given_specs()
+    if given is None and not explicit and not concrete:
       raise ValueError(
           f"sync_gradients: {who} runs where the mesh axes {others} are left to the compiler "
           f"(Auto), so the sync cannot see how the parameters are sharded over them; pass "
           f"param_specs=<the parameters' PartitionSpecs> to the transformation, or make "
           f"those mesh axes Explicit.")
-    specs = mesh_axes.leaf_specs(tree, param_specs)
+    specs = mesh_axes.leaf_specs(tree, given)
     mesh_axes.check_leaf_specs(tree, specs, dict(mesh.shape), axis_name, f"sync_gradients: {who}")
     return specs, jax.tree.unflatten(jax.tree.structure(tree),
                                      [mesh_axes.restrict(spec, axes) for spec in specs])

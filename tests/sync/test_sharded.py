@@ -246,9 +246,22 @@ def partial_auto_training(mesh, specs, params, batches, lr, tx):
   return params, state
 
 
-@pytest.mark.parametrize("kind", [EXPLICIT, AUTO])
-@pytest.mark.parametrize("name", ["4x2", "2x2x2"])
-def test_partial_auto_at_density_one_equals_dense_jit_training(name, kind):
+def jit_entry_point_training(mesh, specs, params, batches, lr, tx):
+  """sj.data_parallel_step: the user writes no shard_map at all."""
+  state = sj.init_opt_state(tx, params, mesh, param_specs=specs)
+  step = sj.data_parallel_step(mlp_loss, tx, mesh)
+  for x, y in batches:
+    params, state, _ = step(params, state, x, y)
+  return params, state
+
+
+# Each style on each kind of axes, and each mesh, once (not every product: suite time).
+@pytest.mark.parametrize("name, kind, style", [
+    ("4x2", EXPLICIT, partial_auto_training), ("4x2", AUTO, jit_entry_point_training),
+    ("2x2x2", AUTO, partial_auto_training), ("2x2x2", EXPLICIT, jit_entry_point_training)],
+    ids=["4x2-explicit-partial_auto", "4x2-auto-jit", "2x2x2-auto-partial_auto",
+         "2x2x2-explicit-jit"])
+def test_at_density_one_training_equals_dense_jit_training(name, kind, style):
   mesh = make_mesh(name, kind)
   _, _, specs = MESHES[name]
   rng = np.random.default_rng(3)
@@ -257,12 +270,14 @@ def test_partial_auto_at_density_one_equals_dense_jit_training(name, kind):
                              NamedSharding(mesh, P("data"))),
               jax.device_put(rng.standard_normal((16, 4)).astype(np.float32),
                              NamedSharding(mesh, P("data")))) for _ in range(3)]
+  # Auto axes hide the layout inside a partial-auto shard_map; the jit entry point reads it
+  # from the arrays.
+  needs_specs = kind == AUTO and style is partial_auto_training
   tx = optax.chain(sj.spardl(density=1.0, wire="exact",
-                             param_specs=None if kind == EXPLICIT else specs), optax.sgd(0.1))
+                             param_specs=specs if needs_specs else None), optax.sgd(0.1))
   with jax.set_mesh(mesh):
     want = dense_jit_training(mesh, specs, put_params(mesh, specs, values), batches, 0.1)
-    got, state = partial_auto_training(mesh, specs, put_params(mesh, specs, values), batches,
-                                       0.1, tx)
+    got, state = style(mesh, specs, put_params(mesh, specs, values), batches, 0.1, tx)
   for k in SHAPES:
     np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-6)
     if kind == EXPLICIT:  # the parameters keep their layout

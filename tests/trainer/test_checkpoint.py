@@ -181,3 +181,53 @@ def test_a_writer_killed_mid_save_leaves_only_whole_checkpoints(tmp_path):
   assert step >= 1
   np.testing.assert_array_equal(np.asarray(state["params"]), float(step))
   np.testing.assert_array_equal(np.asarray(state["opt"].residual), float(step))
+
+
+def test_a_sharded_run_restores_onto_another_data_axis_size(tmp_path):
+  """A (4, 2) mesh's state, parameters sharded over "model", saved after a sparse step and
+  restored onto (2, 2): the parameters and momentum keep their values and "model" sharding,
+  and each column's residual mass is kept, spread over its new data devices."""
+  import optax
+
+  import spardl_jax as sj
+
+  specs = {"w": P(None, "model"), "b": P()}
+
+  def build(data, value):
+    mesh = jax.make_mesh((data, 2), ("data", "model"), devices=jax.devices()[:2 * data],
+                         axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    params = {"w": jax.device_put(jnp.full((6, 4), value), NamedSharding(mesh, specs["w"])),
+              "b": jax.device_put(jnp.full((4,), value), NamedSharding(mesh, specs["b"]))}
+    tx = optax.chain(sj.spardl(density=0.25, param_specs=specs), optax.sgd(0.1, momentum=0.9))
+    return mesh, tx, params, sj.init_opt_state(tx, params, mesh)
+
+  mesh, tx, params, opt = build(4, 1.0)
+  state_specs = sj.opt_state_specs(tx, params, mesh)
+
+  def step(grads, opt):
+    updates, opt = tx.update(jax.tree.map(lambda g: g[0], grads), opt, params)
+    return opt
+
+  grads = {k: jax.device_put(np.random.default_rng(0).standard_normal((4, *params[k].shape))
+                             .astype(np.float32), NamedSharding(mesh, P("data", *specs[k])))
+           for k in specs}
+  opt = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=({k: P("data", *specs[k]) for k in specs},
+                                                         state_specs),
+                              out_specs=state_specs, check_vma=False))(grads, opt)
+  saved = np.asarray(opt[0].method_state.residual)  # (8, n_local), data-major
+  assert np.abs(saved).sum() > 0
+  mgr = checkpoint.manager(tmp_path)
+  checkpoint.save(mgr, 1, {"params": params, "opt": opt}, [{"epoch": 1}])
+  mgr.close()
+  _, _, like_params, like_opt = build(2, 0.0)
+  mgr = checkpoint.manager(tmp_path)
+  _, state, _ = checkpoint.restore_latest(mgr, {"params": like_params, "opt": like_opt})
+  mgr.close()
+  np.testing.assert_array_equal(np.asarray(state["params"]["w"]), 1.0)
+  assert state["params"]["w"].sharding.spec == P(None, "model")
+  np.testing.assert_array_equal(np.asarray(state["opt"][1][0].trace["w"]),
+                                np.asarray(opt[1][0].trace["w"]))
+  residual = np.asarray(state["opt"][0].method_state.residual)
+  assert residual.shape == (4, saved.shape[1])
+  np.testing.assert_allclose(residual.reshape(2, 2, -1).sum(0), saved.reshape(4, 2, -1).sum(0),
+                             rtol=1e-5, atol=1e-6)

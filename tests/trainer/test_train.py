@@ -233,9 +233,20 @@ def test_redistribution_rules():
   mesh = make_mesh(4)
   like = jax.device_put(jnp.zeros((4 * 3, 5)), jax.sharding.NamedSharding(mesh, P("data")))
   acc = rng.standard_normal((8 * 3, 5)).astype(np.float32)
-  rows = checkpoint._redistribute(sj.core.protocol.MEAN, acc, like, 8)
+  rows = checkpoint._redistribute(sj.core.protocol.MEAN, acc, like, (8, 1), "acc")
   np.testing.assert_allclose(rows.reshape(4, 3, 5).mean(0), acc.reshape(8, 3, 5).mean(0),
                              rtol=1e-6)
+  # A sharded run's rows (data-major, 2 columns of the "model" axis) saved on data = 4 and
+  # restored on data = 2: each column keeps its own residual mass.
+  mesh2 = jax.make_mesh((2, 2), ("data", "model"), devices=jax.devices()[:4])
+  like = jax.device_put(jnp.zeros((4, 7)), jax.sharding.NamedSharding(mesh2, P(("data", "model"))))
+  saved = rng.standard_normal((8, 7)).astype(np.float32)
+  rows = checkpoint._redistribute(sj.core.protocol.SUM, saved, like, (4, 2), "residual")
+  np.testing.assert_allclose(rows.reshape(2, 2, 7).sum(0), saved.reshape(4, 2, 7).sum(0),
+                             rtol=1e-5, atol=1e-6)
+  with pytest.raises(checkpoint.CheckpointMismatch, match="residual was saved with 4 devices "
+                                                          "on the mesh axes besides the data"):
+    checkpoint._redistribute(sj.core.protocol.SUM, saved, like, (2, 4), "residual")
   # The rules come from the state types: what each leaf of a real optimizer state gets.
   params = {"w": jnp.zeros((40,))}
   tx = optax.MultiSteps(optax.chain(sj.spardl(density=0.1, momentum=0.9), optax.sgd(0.1)), 2)
