@@ -343,3 +343,26 @@ def test_state_shaped_like_the_parameters_takes_their_specs():
   partial = sj.opt_state_specs(tx, put_params(mesh, specs), mesh, axis_names={"data"})
   assert partial[0].method_state.residual == P("data")
   assert partial[1][0].mu == {k: P() for k in SHAPES}
+
+
+@pytest.mark.parametrize("tx, match", [
+    (sj.spardl(density=0.5), r"the sync runs inside a shard_map over the mesh axes \('model',\) "
+                             r"besides 'data'.*pass param_specs="),
+    (sj.sync_gradients("powersgd", rank=1, param_specs=MESHES["4x2"][2]),
+     r"'powersgd' compresses each parameter as a matrix, but some parameters are replicated"),
+])
+def test_a_layout_the_sync_cannot_serve_is_a_clear_error(tx, match):
+  mesh = make_mesh("4x2")
+  _, _, specs = MESHES["4x2"]
+  with pytest.raises(ValueError, match=match):
+    jax.eval_shape(jax.shard_map(tx.init, mesh=mesh, in_specs=(specs,), out_specs=P(),
+                                 check_vma=False), put_params(mesh, specs))
+
+
+def test_multisteps_on_several_axes_is_a_clear_error():
+  mesh = make_mesh("4x2")
+  _, _, specs = MESHES["4x2"]
+  tx = optax.MultiSteps(optax.chain(sj.spardl(density=0.5), optax.sgd(0.1)), 2)
+  with pytest.raises(ValueError, match="MultiSteps around a gradient sync is supported on a "
+                                       "one-axis mesh only"):
+    sj.opt_state_specs(tx, put_params(mesh, specs), mesh)
