@@ -263,11 +263,24 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
                         axis_names={axis_name}, check_vma=False)(params, opt_state, batch)
     return out[:2] + (tuple(out[2]) if has_aux else (out[2],))
 
+  def layout(params):
+    """The parameters' specs where the arrays carry them (concrete arrays, or Explicit
+    axes); None for traced ones on Auto axes (the sync then asks for ``param_specs``)."""
+    if not all(isinstance(getattr(x, "sharding", None), NamedSharding) or
+               isinstance(getattr(jax.typeof(x), "sharding", None), NamedSharding)
+               for x in jax.tree.leaves(params)):
+      return None
+    return jax.tree.unflatten(jax.tree.structure(params), mesh_axes.leaf_specs(params))
+
   def step(params, opt_state, *batch):
     # The arrays' shardings are part of jit's cache key, so a step traced with these specs
     # is never reused for parameters laid out otherwise.
-    specs = jax.tree.unflatten(jax.tree.structure(params), mesh_axes.leaf_specs(params))
-    with mesh_axes.known_specs(specs):
+    with mesh_axes.known_specs(layout(params)):
       return jitted(params, opt_state, *batch)
 
+  def lower(params, opt_state, *batch):
+    with mesh_axes.known_specs(layout(params)):
+      return jitted.lower(params, opt_state, *batch)
+
+  step.lower = lower  # type: ignore[attr-defined]  # as a jitted function has, for the HLO
   return step
