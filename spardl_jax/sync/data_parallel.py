@@ -205,7 +205,8 @@ def init_opt_state(tx: optax.GradientTransformation, params, mesh: jax.sharding.
 
 
 def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *,
-                       axis_name: str = "data", has_aux: bool = False):
+                       axis_name: str = "data", local_axis: str | None = None,
+                       has_aux: bool = False):
   """A jitted train step for ``jax.jit`` users: the gradient and its sync run per data shard
   (a partial-auto ``shard_map`` over ``axis_name``), everything else as the mesh shards it.
 
@@ -222,6 +223,8 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
     tx: the optimizer, a chain with the sync first.
     mesh: the mesh; the batch's leading dimension is sharded over ``axis_name``.
     axis_name: the data axis.
+    local_axis: for a hierarchical sync (``tx`` built with the same ``local_axis``), the
+      second data axis inside a host; the batch is then sharded over both.
     has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
 
   Returns:
@@ -243,11 +246,15 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
     1.0
   """
   mesh_axes.check_axis(mesh, axis_name, "data_parallel_step")
+  data = (axis_name,)
+  if local_axis is not None:
+    mesh_axes.check_axis(mesh, local_axis, "data_parallel_step")
+    data = (axis_name, local_axis)
   if not callable(loss_fn):
     raise TypeError(f"data_parallel_step: loss_fn must be callable, got {type(loss_fn).__name__}.")
 
   def agreed(tree):
-    return jax.tree.map(lambda a: jax.lax.pmean(a, axis_name)
+    return jax.tree.map(lambda a: jax.lax.pmean(a, data)
                         if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
 
   def local(params, opt_state, batch):
@@ -257,10 +264,16 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
 
   @jax.jit
   def jitted(params, opt_state, *batch):
-    rows = _specs(opt_state, PartitionSpec(axis_name), None)
-    out = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), rows, PartitionSpec(axis_name)),
+    split = PartitionSpec(data if local_axis else axis_name)
+    rows = _specs(opt_state, split, None)
+    out = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), rows, split),
                         out_specs=(PartitionSpec(), rows, PartitionSpec()),
-                        axis_names={axis_name}, check_vma=False)(params, opt_state, batch)
+                        axis_names=set(data), check_vma=False)(params, opt_state, batch)
+    specs = mesh_axes.given_specs()
+    if specs is not None:  # on Auto axes the compiler would pick the new layout; keep it
+      out = (jax.tree.map(lambda p, spec: jax.lax.with_sharding_constraint(
+          p, NamedSharding(mesh, spec)), out[0], specs,
+          is_leaf=lambda x: isinstance(x, PartitionSpec)),) + out[1:]
     return out[:2] + (tuple(out[2]) if has_aux else (out[2],))
 
   def layout(params):

@@ -31,7 +31,7 @@ from spardl_jax.core import flat as flat_vector
 
 __all__ = ['device_axes', 'device_spec', 'check_axis', 'leaf_specs', 'check_leaf_specs',
            'restrict', 'unbound_axes', 'on_local_shards', 'Segment', 'segments', 'pack',
-           'unpack', 'known_specs', 'given_specs']
+           'unpack', 'scatter_mean', 'gather', 'known_specs', 'given_specs']
 
 
 def device_axes(axis_names, axis_name: str) -> tuple[str, ...]:
@@ -85,19 +85,21 @@ def _axes(entry) -> tuple:
   return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
-def check_leaf_specs(tree, specs, shape: dict, axis_name: str, who: str) -> None:
-  """Clear errors for a leaf sharded over the data axis or over an axis that does not divide
-  it (``shape`` maps mesh axes to sizes)."""
+def check_leaf_specs(tree, specs, shape: dict, axis_name, who: str) -> None:
+  """Clear errors for a leaf sharded over the data axis (``axis_name``: one, or a tuple of
+  the data axes) or over an axis that does not divide it (``shape`` maps mesh axes to
+  sizes)."""
+  data_axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
   paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
   for path, x, spec in zip(paths, jax.tree.leaves(tree), specs):
     for dim, entry in enumerate(spec):
       for axis in _axes(entry):
-        if axis == axis_name:
+        if axis in data_axes:
           raise ValueError(
               f"{who}: parameter {path or 'params'} is sharded over the data axis "
-              f"{axis_name!r} ({spec}); the sync reduces over that axis, so a parameter must "
+              f"{axis!r} ({spec}); the sync reduces over that axis, so a parameter must "
               f"be replicated over it and may be sharded over the mesh's other axes "
-              f"{tuple(a for a in shape if a != axis_name)} only.")
+              f"{tuple(a for a in shape if a not in data_axes)} only.")
         if axis not in shape:
           raise ValueError(f"{who}: parameter {path or 'params'} names the axis {axis!r}, "
                            f"which is not in the mesh {tuple(shape)}.")
@@ -198,13 +200,30 @@ def unpack(y, floats, layout: tuple[Segment, ...]) -> list:
     vec = y[start:start + seg.chunk]
     start += seg.chunk
     if seg.axes:
-      vec = jax.lax.all_gather(vec, seg.axes, tiled=True)[:seg.size]
+      vec = gather(vec, seg.axes, seg.size)
     offset = 0
     for i in seg.leaves:
       x = floats[i]
       out[i] = vec[offset:offset + x.size].reshape(x.shape).astype(x.dtype)
       offset += x.size
   return out
+
+
+def scatter_mean(vec: jax.Array, axis: str) -> jax.Array:
+  """This device's 1/L slice of the mean of ``vec`` over ``axis`` (L devices; ``vec``
+  zero-padded to L equal slices): a dense reduce-scatter, the first stage of a hierarchical
+  sync (the fast links inside a host)."""
+  size = jax.lax.axis_size(axis)
+  chunk = -(-vec.size // size)
+  vec = jnp.pad(vec, (0, chunk * size - vec.size))
+  return (jax.lax.psum_scatter(vec, axis, scatter_dimension=0, tiled=True) / size
+          ).astype(vec.dtype)
+
+
+def gather(vec: jax.Array, axis: str, size: int) -> jax.Array:
+  """The slices of ``axis``'s devices put back together, the padding cut: the last stage of
+  a hierarchical sync."""
+  return jax.lax.all_gather(vec, axis, tiled=True)[:size]
 
 
 _KNOWN_SPECS: contextvars.ContextVar = contextvars.ContextVar("known_specs", default=None)

@@ -207,7 +207,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    axis_size: int | None = None, nonfinite: NonFinite = "skip",
                    warmup_steps: int = 0, momentum: float | None = None,
                    momentum_masking: bool = True, clip_norm: float | None = None,
-                   param_specs=None, **options) -> optax.GradientTransformation:
+                   param_specs=None, local_axis: str | None = None,
+                   **options) -> optax.GradientTransformation:
   """Synchronizes gradients across ``axis_name`` with the all-reduce ``method``.
 
   ``update`` must run inside ``jax.shard_map`` over ``axis_name`` with the local gradient
@@ -252,6 +253,14 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
   ``shard_map(..., axis_names={axis_name})`` (the sync opens a ``shard_map`` over the other
   axes itself) and under ``jax.jit`` through :func:`spardl_jax.data_parallel_step`.
 
+  **Hierarchical sync** (``local_axis``). On a ``(host, local)`` mesh with the batch sharded
+  over both axes, ``axis_name="host", local_axis="local"`` first reduces the gradients
+  densely inside each host (a reduce-scatter over ``local``: each device gets the host's
+  mean on its 1/L slice), then runs the method across hosts on every slice in parallel
+  (``L`` all-reduces over ``host``, one per column), then all-gathers the slices inside the
+  host. Only the method's traffic crosses the slow axis; each host acts as one worker, so
+  clipping, momentum correction and the residual apply to the host's mean slice.
+
   **Non-finite gradients.** Every device learns in the same step whether any device's
   gradient (plus residual) holds a NaN or an inf, and all take the same decision, so no
   device ever skips a collective the others wait in. With ``nonfinite='skip'`` (default)
@@ -274,6 +283,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     momentum: DGC momentum correction factor in [0, 1), or None (off).
     momentum_masking: DGC momentum factor masking (with ``momentum``).
     clip_norm: DGC local gradient clipping threshold (> 0), or None (off).
+    local_axis: a second data axis reduced densely inside each host around the method
+      (see "Hierarchical sync"), or None.
     param_specs: the parameters' ``PartitionSpec`` s over the mesh (a pytree of the
       parameters' structure), needed only where the sync cannot read them: inside a
       partial-auto ``shard_map`` whose other axes are ``Auto``, or for ``init`` of traced
@@ -292,6 +303,10 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
   """
   nonfinite_policy.check_policy("sync_gradients", nonfinite)
   _check_options(momentum, momentum_masking, clip_norm, axis_size)
+  if local_axis is not None and (not isinstance(local_axis, str) or local_axis == axis_name):
+    raise ValueError(f"sync_gradients: local_axis must be None or the name of a mesh axis "
+                     f"other than axis_name={axis_name!r}, got {local_axis!r}.")
+  data_axes = (axis_name,) if local_axis is None else (axis_name, local_axis)
   unbound = levels.build(method, options, warmup_steps=warmup_steps)
   reaches_result = all(level.allreduce.nonfinite_reaches_result for level in unbound)
 
@@ -317,8 +332,9 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     mesh = jax.sharding.get_abstract_mesh()
     bound = set(bound_axes())
     others = {a: mesh.shape[a] for a in mesh.axis_names
-              if a in bound and a != axis_name and mesh.shape[a] > 1}
+              if a in bound and a not in data_axes and mesh.shape[a] > 1}
     if not others:
+      check_leafwise(False, ())
       return (mesh_axes.Segment((), tuple(range(len(floats))), sum(x.size for x in floats),
                                 sum(x.size for x in floats)),)
     given = param_specs if param_specs is not None else mesh_axes.given_specs()
@@ -334,19 +350,37 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     float_specs = [spec for x, spec in zip(jax.tree.leaves(tree), specs)
                    if jnp.issubdtype(x.dtype, jnp.floating)]
     layout = mesh_axes.segments([x.shape for x in floats], float_specs, others)
-    if any(seg.axes for seg in layout) and any(level.allreduce.leafwise for level in unbound):
+    check_leafwise(any(seg.axes for seg in layout), tuple(others))
+    return layout
+
+  def check_leafwise(sliced: bool, others) -> None:
+    """A method that compresses each leaf as a matrix cannot take slices of the leaves."""
+    if not any(level.allreduce.leafwise for level in unbound):
+      return
+    if local_axis is not None:
+      raise ValueError(f"sync_gradients: {method!r} compresses each parameter as a matrix, "
+                       f"but local_axis={local_axis!r} syncs slices of the flat gradient; use "
+                       f"a method that sees one flat vector (sj.methods.names()).")
+    if sliced:
       raise ValueError(
           f"sync_gradients: {method!r} compresses each parameter as a matrix, but some "
           f"parameters are replicated over the mesh axes {tuple(others)}, whose slices the "
           f"sync spreads over those axes; shard every parameter over them, or use a method "
           f"that sees one flat vector (sj.methods.names()).")
-    return layout
+
+  def synced_size(layout) -> int:
+    """Entries of the vector the method syncs on this device: its packed leaves, or with a
+    ``local_axis`` its 1/L slice of them."""
+    n = sum(seg.chunk for seg in layout)
+    if local_axis is None:
+      return n
+    return -(-n // bound_axis_size(local_axis, who="sync_gradients: local_axis"))
 
   def init_local(params, specs=None):
     leaves, dtype = _float_leaves(params)
     initialized_for.add(tuple(tuple(x.shape) for x in leaves))
     lead, p = _devices(axis_name, axis_size)
-    n = sum(seg.chunk for seg in layout_of(params, leaves, specs))
+    n = synced_size(layout_of(params, leaves, specs))
 
     def per_device(a):
       a = jnp.asarray(a)
@@ -451,10 +485,12 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     leaves, treedef = jax.tree.flatten(updates)
     floats, dtype = _float_leaves(updates)
     layout = layout_of(updates, floats, specs)
-    shapes = _Shapes(tuple(tuple(x.shape) for x in floats), sum(seg.chunk for seg in layout),
+    shapes = _Shapes(tuple(tuple(x.shape) for x in floats), synced_size(layout),
                      dtype, levels.for_leaves(unbound, [x.shape for x in floats]))
     local = check_state(state, shapes, p)
-    x, velocity = local_gradient(mesh_axes.pack(floats, dtype, layout), state.velocity, p)
+    flat = mesh_axes.pack(floats, dtype, layout)
+    x, velocity = local_gradient(flat if local_axis is None else
+                                 mesh_axes.scatter_mean(flat, local_axis), state.velocity, p)
     y, new_local, bytes_sent, h, index, local = run_levels(shapes, x, local, state.count[0], p)
     y, new_local, velocity, bad = agree_on_nonfinite(x, y, local, new_local, velocity,
                                                      state.velocity, shapes, index)
@@ -462,6 +498,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    density=jnp.asarray([lv.density for lv in shapes.levels])[index])
     new_state = SyncState(jax.tree.map(lambda a: a[None], new_local),
                           None if velocity is None else velocity[None], state.count + 1, stats)
+    if local_axis is not None:
+      y = mesh_axes.gather(y, local_axis, flat.size)
     return (jax.tree.unflatten(treedef, _unflatten(mesh_axes.unpack(y, floats, layout), leaves)),
             new_state)
 
@@ -469,8 +507,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     """Each leaf's spec over the mesh (a list) and over the ``axes`` the sync must open
     itself (a tree, for ``shard_map``); a clear error where it cannot know them."""
     mesh = jax.sharding.get_abstract_mesh()
-    others = tuple(a for a in axes if a != axis_name and mesh.shape[a] > 1)
-    if not others:  # a one-axis mesh: the parameters are replicated
+    others = tuple(a for a in axes if a not in data_axes and mesh.shape[a] > 1)
+    if not others:  # data axes only: the parameters are replicated
       return None, jax.tree.map(lambda _: PartitionSpec(), tree)
     explicit = all(mesh.axis_types[mesh.axis_names.index(a)] == jax.sharding.AxisType.Explicit
                    for a in others)
@@ -484,7 +522,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
           f"param_specs=<the parameters' PartitionSpecs> to the transformation, or make "
           f"those mesh axes Explicit.")
     specs = mesh_axes.leaf_specs(tree, given)
-    mesh_axes.check_leaf_specs(tree, specs, dict(mesh.shape), axis_name, f"sync_gradients: {who}")
+    mesh_axes.check_leaf_specs(tree, specs, dict(mesh.shape), data_axes,
+                               f"sync_gradients: {who}")
     return specs, jax.tree.unflatten(jax.tree.structure(tree),
                                      [mesh_axes.restrict(spec, axes) for spec in specs])
 
