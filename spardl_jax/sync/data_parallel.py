@@ -246,7 +246,7 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
     1.0
   """
   mesh_axes.check_axis(mesh, axis_name, "data_parallel_step")
-  data = (axis_name,)
+  data: tuple[str, ...] = (axis_name,)
   if local_axis is not None:
     mesh_axes.check_axis(mesh, local_axis, "data_parallel_step")
     data = (axis_name, local_axis)

@@ -220,7 +220,7 @@ def scatter_mean(vec: jax.Array, axis: str) -> jax.Array:
           ).astype(vec.dtype)
 
 
-def gather(vec: jax.Array, axis: str, size: int) -> jax.Array:
+def gather(vec: jax.Array, axis: str | tuple[str, ...], size: int) -> jax.Array:
   """The slices of ``axis``'s devices put back together, the padding cut: the last stage of
   a hierarchical sync."""
   return jax.lax.all_gather(vec, axis, tiled=True)[:size]
