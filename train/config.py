@@ -111,6 +111,9 @@ class TrainConfig:
   dataset: str = "mnist1d"
   variants: tuple[Variant, ...] = ()
   devices: int | None = None  # None: every device (8 simulated CPU devices in one process)
+  # (axis, size) pairs of a mesh of several axes, the data axis among them: the parameters
+  # are sharded over the others (FSDP). (): one data axis over --devices.
+  mesh: tuple[tuple[str, int], ...] = ()
   epochs: int = 30
   batch_size: int = 128
   lr: float = 0.05
@@ -190,3 +193,17 @@ def recipe_tuning(name: str, *, optimizer: str, steps_per_epoch: int | None) -> 
     else:
       tuning[key] = value
   return Tuning(**tuning)
+
+
+def parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
+  """``--mesh data=4,model=2`` -> ``(("data", 4), ("model", 2))``."""
+  axes: list[tuple[str, int]] = []
+  for part in text.split(","):
+    name, _, size = part.partition("=")
+    if not name.isidentifier() or not size.isdigit() or int(size) < 1:
+      raise argparse.ArgumentTypeError(
+          f"{text!r}: give the mesh as axis=size pairs, e.g. data=4,model=2 (bad part {part!r})")
+    if name in dict(axes):
+      raise argparse.ArgumentTypeError(f"{text!r}: the axis {name!r} is given twice")
+    axes.append((name, int(size)))
+  return tuple(axes)

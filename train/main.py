@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import sys
 
@@ -17,7 +18,7 @@ from spardl_jax.core.config import RESIDUAL_MODES, SAG_MODES, SparDLConfig
 from spardl_jax.sync import methods
 from spardl_jax.sync.methods import parse_teams
 from train.config import (LR_SCHEDULES, NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, OPTIMIZERS,
-                          POSITIVE_FLOAT, POSITIVE_INT, RECIPES, TUNING, TrainConfig,
+                          POSITIVE_FLOAT, POSITIVE_INT, RECIPES, TUNING, TrainConfig, parse_mesh,
                           parse_variant)
 from train.data import DATASETS
 
@@ -66,6 +67,10 @@ def _parse_args(argv):
   p.add_argument("--devices", type=POSITIVE_INT, default=d.devices,
                  help="devices on the data axis (default: all devices of the job; in one "
                       "CPU process, 8 simulated devices)")
+  p.add_argument("--mesh", type=parse_mesh, default=d.mesh,
+                 help="a mesh of several axes, e.g. data=4,model=2: data parallelism over "
+                      "'data' (the sync), the parameters sharded FSDP-style over the other "
+                      "axes (default: one data axis over --devices)")
   p.add_argument("--epochs", type=POSITIVE_INT, default=d.epochs)
   p.add_argument("--batch-size", type=POSITIVE_INT, default=d.batch_size, help="global batch size")
   p.add_argument("--steps-per-epoch", type=POSITIVE_INT, default=d.steps_per_epoch,
@@ -172,7 +177,8 @@ def run(args) -> int:
   # A multi-process job (python -m spardl_jax.parallel.launch, or --distributed on a cluster) sets
   # its local devices itself; --devices then counts the devices of all processes.
   if not distributed.initialize(auto=args.distributed):
-    simulate_devices(args.devices or SIMULATED_DEVICES)
+    simulate_devices(args.devices or (math.prod(n for _, n in args.mesh) if args.mesh
+                                      else SIMULATED_DEVICES))
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # one logging process
   from train import data, report
@@ -184,7 +190,7 @@ def run(args) -> int:
       f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
       if f.name in vars(args)})
   check_model_data(cfg.model, cfg.dataset)
-  mesh = make_mesh(cfg.devices)
+  mesh = make_mesh(cfg.devices, cfg.axis_name, axes=cfg.mesh)
   if cfg.batch_size % mesh.size:
     raise UsageError(f"--batch-size ({cfg.batch_size}) must be a multiple of the "
                      f"{mesh.size} devices.")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import sys
 import time
 from typing import Any, NamedTuple
@@ -74,10 +75,25 @@ def simulate_devices(devices: int) -> None:
     pass
 
 
-def make_mesh(devices: int | None = None, axis_name: str = "data") -> jax.sharding.Mesh:
+def make_mesh(devices: int | None = None, axis_name: str = "data", *,
+              axes: tuple[tuple[str, int], ...] = ()) -> jax.sharding.Mesh:
   """A 1-D mesh over the first ``devices`` devices of the default backend (all of them,
-  across every process of a ``jax.distributed`` job, when None)."""
+  across every process of a ``jax.distributed`` job, when None); or, with ``axes`` (``--mesh``
+  pairs of axis and size, ``axis_name`` among them), a mesh of those axes over as many
+  devices, its axes ``Auto`` so that the model code runs unchanged on sharded parameters."""
   available = jax.devices()
+  if axes:
+    names, sizes = zip(*axes)
+    total = math.prod(sizes)
+    if axis_name not in names:
+      raise ValueError(f"--mesh must have the data axis {axis_name!r}, got axes {names}.")
+    if devices is not None and devices != total:
+      raise ValueError(f"--devices {devices} and --mesh ({total} devices) disagree; give one.")
+    if total > len(available):
+      raise ValueError(f"--mesh needs {total} devices, but {len(available)} are available "
+                       f"on {available[0].platform}.")
+    return jax.make_mesh(sizes, names, devices=available[:total],
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(names))
   devices = len(available) if devices is None else devices
   if not 1 <= devices <= len(available):
     raise ValueError(f"--devices must be in [1, {len(available)}] (devices available on "
@@ -86,8 +102,28 @@ def make_mesh(devices: int | None = None, axis_name: str = "data") -> jax.shardi
                        axis_types=(jax.sharding.AxisType.Explicit,))
 
 
-def make_optimizer(cfg: TrainConfig, variant: Variant, *,
-                   steps_per_epoch: int | None = None) -> optax.GradientTransformation:
+def param_specs(params, mesh: jax.sharding.Mesh, axis_name: str):
+  """FSDP-style ``PartitionSpec`` s of ``params`` over ``mesh``'s axes besides the data axis:
+  each parameter of at least 1,024 entries is sharded over all of them together along its
+  largest dimension they divide; the rest (biases, norms) stay replicated. None on a
+  one-axis mesh."""
+  others = tuple(a for a in mesh.axis_names if a != axis_name)
+  if not others:
+    return None
+  size = math.prod(mesh.shape[a] for a in others)
+  axis = others if len(others) > 1 else others[0]
+
+  def spec(x):
+    dims = [d for d in np.argsort(x.shape)[::-1] if x.shape[d] % size == 0]
+    if x.size < 1024 or not dims:
+      return PartitionSpec()
+    return PartitionSpec(*(axis if d == dims[0] else None for d in range(len(x.shape))))
+
+  return jax.tree.map(spec, params)
+
+
+def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int | None = None,
+                   specs=None) -> optax.GradientTransformation:
   """The variant's gradient sync followed by SGD with momentum or AdamW (``cfg.optimizer``).
 
   The sync comes first, so the optimizer sees the synchronized gradient and its state stays
@@ -107,7 +143,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
   * ``freeze`` (AdamW): the second moment stops after that many steps
     (:func:`spardl_jax.scale_by_frozen_adam`), decoupled weight decay as AdamW's.
 
-  ``cfg.lr_schedule='cosine'`` decays the rate to 0 over the run.
+  ``cfg.lr_schedule='cosine'`` decays the rate to 0 over the run. ``specs`` are the
+  parameters' specs on a mesh of several axes (:func:`param_specs`), for the sync.
   """
   tuning = variant_tuning(cfg, variant, steps_per_epoch=steps_per_epoch)
   corrected = tuning.momentum is not None
@@ -141,7 +178,7 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *,
   sync = sj.sync_gradients(variant.method, axis_name=cfg.axis_name, warmup_steps=warmup,
                            momentum=tuning.momentum,
                            momentum_masking=tuning.masking != 0,
-                           clip_norm=tuning.clip, **options)
+                           clip_norm=tuning.clip, param_specs=specs, **options)
   return optax.chain(sync, opt)
 
 
@@ -190,21 +227,24 @@ def data_request(cfg: TrainConfig) -> data.Request:
 
 
 def create_train_state(rng: jax.Array, model: nn.Module, tx: optax.GradientTransformation,
-                       example_x: np.ndarray, mesh: jax.sharding.Mesh, axis_name: str
-                       ) -> tuple[TrainState, TrainState]:
-  """Initial state (params replicated, residuals sharded) and its PartitionSpecs."""
+                       example_x: np.ndarray, mesh: jax.sharding.Mesh, axis_name: str,
+                       specs=None) -> tuple[TrainState, TrainState]:
+  """Initial state (params replicated, or sharded by ``specs`` over the mesh's other axes;
+  residuals one row per device) and its PartitionSpecs for the train step's ``shard_map``
+  over the data axis."""
   variables = dict(jax.jit(model.init)(rng, jnp.asarray(example_x[:1])))
   params = variables.pop("params")
-  step, params, model_state = jax.device_put(
-      (jnp.zeros((), jnp.int32), params, variables),
-      jax.sharding.NamedSharding(mesh, PartitionSpec()))
-  opt_state = sj.init_opt_state(tx, params, mesh, axis_name=axis_name)
+  replicated = jax.sharding.NamedSharding(mesh, PartitionSpec())
+  step, model_state = jax.device_put((jnp.zeros((), jnp.int32), variables), replicated)
+  params = (jax.device_put(params, replicated) if specs is None else jax.tree.map(
+      lambda p, spec: jax.device_put(p, jax.sharding.NamedSharding(mesh, spec)), params, specs))
+  opt_state = sj.init_opt_state(tx, params, mesh, axis_name=axis_name, param_specs=specs)
   state = TrainState(step=step, params=params, model_state=model_state, opt_state=opt_state)
-  replicated = functools.partial(jax.tree.map, lambda _: PartitionSpec())
-  specs = TrainState(step=PartitionSpec(), params=replicated(params),
-                     model_state=replicated(model_state),
-                     opt_state=sj.opt_state_specs(tx, params, mesh, axis_name=axis_name))
-  return state, specs
+  over_data = functools.partial(jax.tree.map, lambda _: PartitionSpec())
+  return state, TrainState(
+      step=PartitionSpec(), params=over_data(params), model_state=over_data(model_state),
+      opt_state=sj.opt_state_specs(tx, params, mesh, axis_name=axis_name, param_specs=specs,
+                                   axis_names={axis_name}))
 
 
 def _loss_terms(task: str, out: jax.Array, y: jax.Array):
@@ -270,18 +310,25 @@ def eval_step(state: TrainState, batch, *, model: nn.Module, axis_name: str,
 
 
 def compile_steps(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-                  specs: TrainState, axis_name: str, *, task: str = "classify", seed: int = 0):
-  """``(train, evaluate)``: the jitted shard_map programs of the two steps."""
+                  specs: TrainState, axis_name: str, *, task: str = "classify", seed: int = 0,
+                  shardings: TrainState | None = None):
+  """``(train, evaluate)``: the jitted shard_map programs of the two steps. ``shardings``
+  (the state's) pin the new state's layout: on a mesh of several axes the compiler would
+  otherwise pick one for what the step leaves to it (a replicated bias, say)."""
   rows = PartitionSpec(axis_name)
+  # Over the data axis only: on a mesh of several axes the compiler shards the model's
+  # computation over the others (a partial-auto shard_map), and the sync its own.
+  manual = {axis_name}
   train = jax.jit(jax.shard_map(
       functools.partial(train_step, model=model, tx=tx, axis_name=axis_name, task=task,
                         seed=seed),
-      mesh=mesh, in_specs=(specs, rows),
-      out_specs=(specs, StepMetrics(PartitionSpec(), PartitionSpec(), rows)), check_vma=False))
+      mesh=mesh, in_specs=(specs, rows), axis_names=manual,
+      out_specs=(specs, StepMetrics(PartitionSpec(), PartitionSpec(), rows)), check_vma=False),
+      out_shardings=None if shardings is None else (shardings, None))
   evaluate = jax.jit(jax.shard_map(
       functools.partial(eval_step, model=model, axis_name=axis_name, task=task), mesh=mesh,
       # Without the check: scans (LSTMs) start from unvarying zero carries on varying data.
-      in_specs=(specs, rows), out_specs=PartitionSpec(), check_vma=False))
+      in_specs=(specs, rows), out_specs=PartitionSpec(), axis_names=manual, check_vma=False))
   return train, evaluate
 
 
@@ -329,8 +376,9 @@ def evaluate_model(evaluate, state: TrainState, ds: data.Dataset, mesh,
 
 
 def _setup(cfg: TrainConfig, variant: Variant, ds: data.Dataset, mesh: jax.sharding.Mesh
-           ) -> tuple[nn.Module, int, optax.GradientTransformation, np.ndarray]:
-  """``(model, steps per epoch, optimizer, one example)`` of a run, its sizes checked."""
+           ) -> tuple[nn.Module, int, optax.GradientTransformation, np.ndarray, Any]:
+  """``(model, steps per epoch, optimizer, one example, the parameters' specs)`` of a run,
+  its sizes checked (the specs are None on a one-axis mesh)."""
   if cfg.batch_size % mesh.size:
     raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --devices "
                      f"({mesh.size}).")
@@ -340,8 +388,11 @@ def _setup(cfg: TrainConfig, variant: Variant, ds: data.Dataset, mesh: jax.shard
   if steps < 1:
     raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
                      f"({len(ds.train)} examples).")
-  tx = make_optimizer(cfg, variant, steps_per_epoch=steps)
-  return model, steps, tx, ds.train.take(np.arange(1))[0]
+  example = ds.train.take(np.arange(1))[0]
+  specs = param_specs(jax.eval_shape(model.init, jax.random.key(0),
+                                     jnp.asarray(example[:1]))["params"], mesh, cfg.axis_name)
+  tx = make_optimizer(cfg, variant, steps_per_epoch=steps, specs=specs)
+  return model, steps, tx, example, specs
 
 
 # The flags a checkpoint's arrays depend on: resuming with another value would train another
@@ -378,17 +429,21 @@ def check_variant(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   flags (:func:`train.checkpoint.check_same_run`)."""
   from train import checkpoint
 
-  model, steps, tx, example = _setup(cfg, variant, ds, mesh)
-  replicated = jax.sharding.NamedSharding(mesh, PartitionSpec())
+  model, steps, tx, example, layout = _setup(cfg, variant, ds, mesh)
+  abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.asarray(example[:1]))["params"]
   params = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
-      jax.eval_shape(model.init, jax.random.key(0), jnp.asarray(example[:1]))["params"])
-  specs = sj.opt_state_specs(tx, params, mesh, axis_name=cfg.axis_name)
+      lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                           sharding=jax.sharding.NamedSharding(mesh, spec)),
+      abstract, layout or jax.tree.map(lambda _: PartitionSpec(), abstract))
+  specs = sj.opt_state_specs(tx, params, mesh, axis_name=cfg.axis_name, param_specs=layout,
+                             axis_names={cfg.axis_name})
   opt_state = jax.eval_shape(
-      lambda p: sj.init_opt_state(tx, p, mesh, axis_name=cfg.axis_name), params)
+      lambda p: sj.init_opt_state(tx, p, mesh, axis_name=cfg.axis_name, param_specs=layout),
+      params)
   update = jax.shard_map(lambda g, s, p: tx.update(g, s, p), mesh=mesh,
                          in_specs=(PartitionSpec(), specs, PartitionSpec()),
-                         out_specs=(PartitionSpec(), specs), check_vma=False)
+                         out_specs=(PartitionSpec(), specs), axis_names={cfg.axis_name},
+                         check_vma=False)
   jax.eval_shape(update, params, opt_state, params)
   if checkpoint_dir:
     checkpoint.check_newest(checkpoint_dir, run_record(cfg, variant, steps))
@@ -410,11 +465,12 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   """
   from train import checkpoint
 
-  model, steps, tx, example = _setup(cfg, variant, ds, mesh)
+  model, steps, tx, example, layout = _setup(cfg, variant, ds, mesh)
   state, specs = create_train_state(jax.random.key(cfg.seed), model, tx, example, mesh,
-                                    cfg.axis_name)
+                                    cfg.axis_name, layout)
   train, evaluate = compile_steps(model, tx, mesh, specs, cfg.axis_name, task=ds.task,
-                                  seed=cfg.seed)
+                                  seed=cfg.seed,
+                                  shardings=jax.tree.map(lambda x: x.sharding, state))
   num_params = models.count(state.params)
   mgr = checkpoint.manager(checkpoint_dir) if checkpoint_dir else None
   restored = mgr and checkpoint.restore_latest(mgr, state)

@@ -109,6 +109,14 @@ def fold_rules(tree, rule: str = protocol.FRESH):
 def _layout(params, mesh, axis_name: str, param_specs, who: str):
   """The parameters' specs over the mesh, checked, and what :func:`_specs` needs of them."""
   mesh_axes.check_axis(mesh, axis_name, who)
+  auto = [a for a, t in zip(mesh.axis_names, mesh.axis_types)
+          if a != axis_name and mesh.shape[a] > 1 and t != jax.sharding.AxisType.Explicit]
+  if param_specs is None and auto and not all(
+      isinstance(getattr(x, "sharding", None), NamedSharding) for x in jax.tree.leaves(params)):
+    raise ValueError(
+        f"{who}: the mesh axes {tuple(auto)} are Auto and some parameters carry no sharding "
+        f"(traced, or not placed on the mesh), so their layout over those axes is unknown; "
+        f"pass param_specs=<the parameters' PartitionSpecs>, or place the parameters first.")
   specs = mesh_axes.leaf_specs(params, param_specs)
   mesh_axes.check_leaf_specs(params, specs, dict(mesh.shape), axis_name, who)
   treedef = jax.tree.structure(params)
