@@ -34,6 +34,11 @@ def load(tmp_path):
   return saved
 
 
+# The tests that read the `job` fixture run in one xdist worker (--dist loadgroup), so the
+# 2-process job runs once, not once in each worker (about 15 s).
+JOB = pytest.mark.xdist_group("multiprocess_job")
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
   """One 2-process job runs both the all-reduce and the training modes."""
@@ -43,6 +48,7 @@ def job(tmp_path_factory):
   return load(out)
 
 
+@JOB
 def test_allreduce_over_processes_is_bit_identical_to_simulated_devices(job):
   saved = job
   p = 4
@@ -56,6 +62,7 @@ def test_allreduce_over_processes_is_bit_identical_to_simulated_devices(job):
       np.testing.assert_array_equal(saved[f"{name}_r_{row}"], np.asarray(state.residual)[row])
 
 
+@JOB
 def test_training_over_processes_matches_one_process(job):
   saved = job
   from train import data
@@ -83,6 +90,7 @@ KILLER = os.path.join(os.path.dirname(__file__), "kill_worker.py")
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
+@JOB
 def test_a_rank_killed_mid_epoch_resumes_bit_identically(job, tmp_path, monkeypatch):
   """`launch --processes 2 -- python -m train --checkpoint --checkpoint-every 10` with rank 1
   SIGKILLed at step 15 of epoch 2 (22 steps an epoch): the launcher stops the job; the same

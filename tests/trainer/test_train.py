@@ -290,6 +290,13 @@ def test_redistribution_rules():
     (["--compare", "dense,powersgd:ramp=2"], "'powersgd' has none"),
     (["--compare", "dense,powersgd:seed=100000000000000000000000"],
      "PowerSGDConfig: seed must be an int in [-2**63, 2**63)"),
+    # A mesh of several axes (the base gives --devices 8).
+    (["--mesh", "model=8"], "--mesh must have the data axis 'data', got axes ('model',)"),
+    (["--mesh", "data=4,data=2"], "the axis 'data' is given twice"),
+    (["--mesh", "data=four"], "give the mesh as axis=size pairs, e.g. data=4,model=2"),
+    (["--mesh", "data=2,model=2"], "--devices 8 and --mesh (4 devices) disagree; give one"),
+    (["--mesh", "data=4,model=2", "--compare", "dense,powersgd"],
+     "'powersgd' compresses each parameter as a matrix, but some parameters are replicated"),
 ])
 def test_bad_flags_fail_at_once_with_one_line(capsys, tmp_path, flags, message):
   """Every flag and variant is checked before any step runs; the error is one line naming
