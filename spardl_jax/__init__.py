@@ -25,7 +25,8 @@ from spardl_jax.sync import methods
 from spardl_jax.sync.levels import density_warmup
 from spardl_jax.sync.adam import ScaleByFrozenAdamState, scale_by_frozen_adam
 from spardl_jax.sync.data_parallel import (data_parallel_step, fold_rules, init_opt_state,
-                                           opt_state_shardings, opt_state_specs)
+                                           opt_state_shardings, opt_state_specs,
+                                           sync_state_filter)
 from spardl_jax.sync.methods import sharded_allreduce
 from spardl_jax.sync.transform import (SyncState, SyncStats, powersgd, spardl, sync_gradients,
                                        sync_stats)
@@ -58,6 +59,7 @@ __all__ = (
     "spardl",
     "spardl_allreduce",
     "sync_gradients",
+    "sync_state_filter",
     "sync_stats",
     "traffic",
 )

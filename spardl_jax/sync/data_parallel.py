@@ -27,7 +27,7 @@ from spardl_jax.sync import mesh_axes
 from spardl_jax.sync.transform import SyncState
 
 __all__ = ['fold_rules', 'opt_state_specs', 'opt_state_shardings', 'init_opt_state',
-           'data_parallel_step']
+           'data_parallel_step', 'sync_state_filter']
 
 
 def _contains_sync(tree) -> bool:
@@ -210,6 +210,43 @@ def init_opt_state(tx: optax.GradientTransformation, params, mesh: jax.sharding.
                        check_vma=False)
   with mesh_axes.known_specs(spec_tree):
     return jax.jit(init)(params)
+
+
+def sync_state_filter(opt_state, *, prefix: tuple = ("opt_state",)):
+  """A path filter that selects the sync's per-device leaves in a Flax NNX state.
+
+  ``nnx.Optimizer(model, tx)`` keeps ``tx``'s state under ``opt_state``; in an
+  ``nnx.shard_map`` over the data axis those leaves need ``PartitionSpec(axis_name)`` and
+  the rest ``PartitionSpec()``: ``nnx.StateSharding({sj.sync_state_filter(
+  optimizer.opt_state): P("data"), ...: P()})`` says so (docs/api.md, "Flax").
+
+  Args:
+    opt_state: the optax state (``optimizer.opt_state``), holding one or more
+      :class:`~spardl_jax.SyncState`.
+    prefix: the path of ``opt_state`` in the state the filter will see.
+
+  Returns:
+    ``filter(path, value) -> bool``, True for the leaves inside a ``SyncState``.
+  """
+  def key(k):
+    for attr in ("idx", "key", "name"):
+      if hasattr(k, attr):
+        return getattr(k, attr)
+    raise TypeError(f"sync_state_filter: unexpected path entry {k!r}")
+
+  found = jax.tree_util.tree_flatten_with_path(
+      opt_state, is_leaf=lambda x: isinstance(x, SyncState))[0]
+  prefixes = [tuple(prefix) + tuple(key(k) for k in path) for path, node in found
+              if isinstance(node, SyncState)]
+  if not prefixes:
+    raise ValueError("sync_state_filter: the optimizer state holds no SyncState (no "
+                     "spardl_jax sync in the optimizer?).")
+
+  def per_device(path, value) -> bool:
+    del value
+    return any(tuple(path[:len(p)]) == p for p in prefixes)
+
+  return per_device
 
 
 def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *,

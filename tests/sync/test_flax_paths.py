@@ -1,5 +1,6 @@
-"""Flax users' paths with a sharded model: NNX (``nnx.Optimizer``, ``nnx.split``/``merge``
-with :func:`spardl_jax.data_parallel_step`) and Linen's ``TrainState.create``. The sync's
+"""Flax users' paths with a sharded model: NNX (``nnx.Optimizer`` in ``nnx.jit`` and
+``nnx.shard_map``; ``nnx.split``/``merge`` with :func:`spardl_jax.data_parallel_step`) and
+Linen's ``TrainState.create``. The sync's
 state must be built sharded, one row per device, never replicated; training at density 1
 on the exact wire must equal dense ``jax.jit`` training of the same sharded model."""
 
@@ -49,16 +50,52 @@ def batches(m):
           for _ in range(3)]
 
 
-def test_nnx_optimizer_builds_the_sync_state_sharded_per_device():
-  with jax.set_mesh(mesh()):
+def test_nnx_optimizer_in_nnx_shard_map_keeps_its_state_sharded_and_equals_dense():
+  """``nnx.Optimizer`` built under the mesh (the sync's rows sharded, one per device) and
+  updated inside ``nnx.jit`` + a partial-auto ``nnx.shard_map`` over "data", as the API
+  docs show it; at density 1 on the exact wire it trains like dense ``jax.jit``."""
+  m = mesh()
+  with jax.set_mesh(m):
     model = create_model()
-    optimizer = nnx.Optimizer(model, optax.chain(sj.spardl(density=0.5), optax.sgd(0.1)),
-                              wrt=nnx.Param)
-  residual = optimizer.opt_state[0].method_state.residual[...]
-  # Local n: the kernels' halves (64 + 16) and half of the 12 replicated bias entries.
-  assert residual.shape == (8, 86)
-  assert residual.sharding.spec == P(("data", "model"))
-  assert residual.addressable_shards[0].data.shape == (1, 86)
+    graphdef, params = nnx.split(model, nnx.Param)
+    want = dense_training(graphdef, params, batches(m))
+    specs = nnx.get_partition_spec(nnx.state(model, nnx.Param))  # Auto axes: say the layout
+    tx = optax.chain(sj.spardl(density=1.0, wire="exact", param_specs=specs), optax.sgd(0.1))
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    residual = optimizer.opt_state[0].method_state.residual[...]
+    # Local n: the kernels' halves (64 + 16) and half of the 12 replicated bias entries.
+    assert residual.shape == (8, 86) and residual.sharding.spec == P(("data", "model"))
+    opt_specs = nnx.StateSharding({sj.sync_state_filter(optimizer.opt_state): P("data"),
+                                   ...: P()})
+
+    @nnx.jit
+    def train_step(model, optimizer, x, y):
+      @nnx.shard_map(mesh=m, in_specs=(P(), opt_specs, P("data"), P("data")), out_specs=P(),
+                     axis_names={"data"}, check_vma=False)
+      def step(model, optimizer, x, y):
+        loss, grads = nnx.value_and_grad(lambda model: jnp.mean((model(x) - y) ** 2))(model)
+        optimizer.update(model, grads)
+        return jax.lax.pmean(loss, "data")
+      return step(model, optimizer, x, y)
+
+    for x, y in batches(m):
+      train_step(model, optimizer, x, y)
+  for got, ref in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-6)
+  assert model.l1.kernel[...].sharding.spec == P(None, "model")
+  assert optimizer.opt_state[0].method_state.residual[...].sharding.spec == P(("data", "model"))
+
+
+def dense_training(graphdef, params, data):
+  """The reference: plain jax.jit, the global batch's mean gradient, SGD."""
+  @jax.jit
+  def dense(params, x, y):
+    grads = jax.grad(lambda p: jnp.mean((nnx.merge(graphdef, p)(x) - y) ** 2))(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+  for x, y in data:
+    params = dense(params, x, y)
+  return params
 
 
 def test_nnx_split_merge_with_data_parallel_step_equals_dense_jit_training():
@@ -70,14 +107,7 @@ def test_nnx_split_merge_with_data_parallel_step_equals_dense_jit_training():
     def loss_fn(params, x, y):
       return jnp.mean((nnx.merge(graphdef, params)(x) - y) ** 2)
 
-    @jax.jit
-    def dense(params, x, y):
-      grads = jax.grad(loss_fn)(params, x, y)
-      return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
-
-    want = params
-    for x, y in batches(m):
-      want = dense(want, x, y)
+    want = dense_training(graphdef, params, batches(m))
     tx = optax.chain(sj.spardl(density=1.0, wire="exact"), optax.sgd(0.1))
     opt_state = sj.init_opt_state(tx, params, m)
     step = sj.data_parallel_step(loss_fn, tx, m)
