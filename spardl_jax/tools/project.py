@@ -1,0 +1,220 @@
+"""Projected time of one sync, and of one train step, on P workers: the alpha-beta model with
+measured compute.
+
+Usage::
+
+  python -m spardl_jax.tools.project --n 14.7e6 --step-ms 4.1 \\
+      --compute dense=0.07,spardl=2.2,oktopk=1.1,topka=7.9 --links 100mbit,10gbe,ib100 \\
+      --p 2,4,8,16,32,64,128,256,512,1024 --out scale_out
+  python -m spardl_jax.tools.project --validate netbench_out/results.json
+
+For a method at ``P`` workers and ``n`` gradient entries:
+
+  t_sync = c + rounds * alpha + max(0, bytes - burst) * beta,  t_step = t_compute + t_sync
+
+``rounds`` and ``bytes`` (the busiest device's) are the method's ``formula``, which the tests
+hold to the compiled HLO; ``c`` is the sync's measured compute on one device (``--compute``,
+milliseconds, e.g. from ``spardl-bench --emulate`` on the target GPU), taken as independent
+of ``P``; ``t_compute`` the model's forward and backward (``--step-ms``). Communication is not
+overlapped with the backward pass. ``burst`` is a token bucket's depth: 0 for a real link,
+the bytes a ``tc tbf`` shaper lets through at once for the emulated network (netbench's 4 MB).
+
+``--validate`` checks the model against a ``spardl-netbench`` run that timed every method
+unshaped and shaped: the unshaped time is the measured ``c`` (compute plus the software's
+per-round latency), and each shaped time is predicted from it with nothing fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import NamedTuple
+
+from spardl_jax.core import cost as cost_model
+from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G
+
+__all__ = ['Link', 'LINKS', 'TBF_BURST', 'sync_seconds', 'step_seconds', 'project', 'validate',
+           'main']
+
+
+class Link(NamedTuple):
+  """A network: ``alpha`` seconds per round, ``beta`` seconds per byte, and a token bucket of
+  ``burst`` bytes sent at once (0 on a real link)."""
+
+  alpha: float
+  beta: float
+  burst: float = 0.0
+
+
+# Ethernet's latency per round is the library's 10 GbE figure at every rate (the cost model's
+# defaults, core/config.py); InfiniBand's is its own.
+LINKS = {
+    "100mbit": Link(ETHERNET_10G["alpha"], 8 / 100e6),
+    "1gbe": Link(ETHERNET_10G["alpha"], 8 / 1e9),
+    "10gbe": Link(ETHERNET_10G["alpha"], ETHERNET_10G["beta"]),
+    "25gbe": Link(ETHERNET_10G["alpha"], 8 / 25e9),
+    "ib100": Link(INFINIBAND_100G["alpha"], INFINIBAND_100G["beta"]),
+}
+TBF_BURST = 4 * 2**20  # netbench's `tc tbf ... burst 4mb` (tc's mb is MiB)
+
+
+def _method(spec: str, density: float):
+  """A method from its spec (``spardl``, ``spardl:wire=exact``), at ``density`` unless the
+  spec gives one."""
+  from spardl_jax.sync import methods
+  name, options = methods.parse(spec, density=density)
+  return methods.make(name, **options)
+
+
+def sync_seconds(method, *, p: int, n: int, link: Link, compute_s: float,
+                 itemsize: int = 4) -> float:
+  """One sync's projected seconds: ``compute_s`` plus the method's formula on ``link``."""
+  c = method.formula(p=p, n=n, itemsize=itemsize)
+  sent = max(0.0, float(c.bytes) - link.burst)
+  return compute_s + cost_model.modeled_seconds(c._replace(bytes=sent), alpha=link.alpha,
+                                                beta=link.beta)
+
+
+def step_seconds(method, *, p: int, n: int, link: Link, compute_s: float, step_s: float,
+                 itemsize: int = 4) -> float:
+  """One train step's projected seconds: the model's ``step_s`` then the sync."""
+  return step_s + sync_seconds(method, p=p, n=n, link=link, compute_s=compute_s,
+                               itemsize=itemsize)
+
+
+def project(*, n: int, density: float, compute_ms: dict, step_ms: float, links, ps) -> list:
+  """Rows ``{method, link, p, sync_s, step_s}`` for every method of ``compute_ms``."""
+  rows = []
+  for name, ms in compute_ms.items():
+    method = _method(name, density)
+    for link_name in links:
+      for p in ps:
+        sync = sync_seconds(method, p=p, n=n, link=LINKS[link_name], compute_s=ms / 1e3)
+        rows.append({"method": name, "link": link_name, "p": p, "sync_s": sync,
+                     "step_s": step_ms / 1e3 + sync})
+  return rows
+
+
+def validate(results: dict, *, p: int, n: int, density: float,
+             burst: float = TBF_BURST) -> list:
+  """Predicted against measured seconds per sync for every shaped rate of a netbench
+  ``results.json`` (``{rate: {method: {"seconds": median, ...}}}`` of ``p`` processes, ``n``
+  entries): the unshaped median is the compute, nothing is fitted."""
+  if "unshaped" not in results:
+    raise ValueError("--validate needs a netbench run with the rate 'unshaped' (--rates "
+                     "unshaped,1gbit,100mbit).")
+  rows = []
+  for rate, by_method in results.items():
+    if rate == "unshaped":
+      continue
+    scale = {"g": 1e9, "m": 1e6, "k": 1e3}
+    number = rate.removesuffix("bit")
+    bits = float(number[:-1]) * scale[number[-1]] if number[-1] in scale else float(number)
+    link = Link(0.0, 8 / bits, burst)
+    for label, timing in by_method.items():
+      predicted = sync_seconds(_method(label, density), p=p, n=n, link=link,
+                               compute_s=results["unshaped"][label]["seconds"])
+      rows.append({"rate": rate, "method": label, "measured_s": timing["seconds"],
+                   "unshaped_s": results["unshaped"][label]["seconds"],
+                   "predicted_s": predicted, "error": predicted / timing["seconds"] - 1})
+  return rows
+
+
+def _compute(text: str) -> dict:
+  out = {}
+  for part in text.split(","):
+    name, _, ms = part.partition("=")
+    try:
+      out[name] = float(ms)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{text!r}: give method=milliseconds pairs, e.g. "
+                                       f"spardl=2.2,dense=0.07 (bad part {part!r})") from None
+    if not math.isfinite(out[name]) or out[name] < 0:
+      raise argparse.ArgumentTypeError(f"{part!r}: the milliseconds must be >= 0")
+  return out
+
+
+def _plot(rows: list, path: str, *, title: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  links = list(dict.fromkeys(r["link"] for r in rows))
+  fig, axes = plt.subplots(1, len(links), figsize=(4.2 * len(links), 3.6), squeeze=False)
+  for ax, link in zip(axes[0], links):
+    for method in dict.fromkeys(r["method"] for r in rows):
+      pts = [(r["p"], r["step_s"] * 1e3) for r in rows if r["link"] == link
+             and r["method"] == method]
+      ax.plot(*zip(*pts), marker="o", ms=3, label=method)
+    ax.set(xscale="log", yscale="log", xlabel="P (workers)", ylabel="ms per iteration",
+           title=f"{title}, {link}")
+    ax.grid(True, which="both", alpha=0.3)
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m spardl_jax.tools.project", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--n", type=lambda v: int(float(v)), default=14_700_000)
+  parser.add_argument("--density", type=float, default=0.01)
+  parser.add_argument("--step-ms", type=float, default=0.0,
+                      help="the model's forward and backward on one device, ms")
+  parser.add_argument("--compute", type=_compute, default={"dense": 0.0, "spardl": 0.0},
+                      help="method=ms of one sync's compute on one device")
+  parser.add_argument("--links", default="100mbit,10gbe,25gbe,ib100",
+                      help=f"comma list of {', '.join(LINKS)}")
+  parser.add_argument("--p", default="2,4,8,16,32,64,128,256,512,1024")
+  parser.add_argument("--title", default="")
+  parser.add_argument("--validate", help="a netbench results.json (unshaped and shaped rates; "
+                      "with --processes, --n and --density as it ran)")
+  parser.add_argument("--processes", type=int, default=4, help="netbench's, for --validate")
+  parser.add_argument("--out", help="directory for projection.json and projection.png")
+  args = parser.parse_args(argv)
+  if args.validate:
+    with open(args.validate) as f:
+      rows = validate(json.load(f), p=args.processes, n=args.n, density=args.density)
+    print("| rate | method | unshaped (s) | measured (s) | predicted (s) | error |\n"
+          "|---|---|---|---|---|---|")
+    for r in rows:
+      print(f"| {r['rate']} | {r['method']} | {r['unshaped_s']:.3f} | {r['measured_s']:.3f} | "
+            f"{r['predicted_s']:.3f} | {r['error']:+.0%} |")
+    return 0
+  links = args.links.split(",")
+  for link in links:
+    if link not in LINKS:
+      parser.error(f"--links: unknown {link!r}; choose from {', '.join(LINKS)}")
+  try:
+    ps = [int(p) for p in args.p.split(",")]
+  except ValueError:
+    parser.error(f"--p must be a comma list of ints, got {args.p!r}")
+  if min(ps) < 1:
+    parser.error(f"--p must be >= 1, got {args.p!r}")
+  try:
+    rows = project(n=args.n, density=args.density, compute_ms=args.compute,
+                   step_ms=args.step_ms, links=links, ps=ps)
+  except (ValueError, TypeError) as error:
+    parser.error(str(error))
+  for link in links:
+    print(f"\n{link}: ms per iteration")
+    names = list(args.compute)
+    print("| P | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 1))
+    for p in ps:
+      cells = [f"{r['step_s'] * 1e3:.1f}" for name in names for r in rows
+               if r["method"] == name and r["link"] == link and r["p"] == p]
+      print(f"| {p} | " + " | ".join(cells) + " |")
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "projection.json"), "w") as f:
+      json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+    _plot(rows, os.path.join(args.out, "projection.png"), title=args.title or f"n = {args.n:,}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

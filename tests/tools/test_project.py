@@ -1,0 +1,68 @@
+"""The projection tool's arithmetic against cases computed by hand from the paper's cost
+table (Table 1: SparDL's 2 log2 P rounds and 4 kb (P - 1) words; the ring all-reduce's
+2 (P - 1) rounds and 2 (P - 1) / P n words), and its validation against a netbench run."""
+
+import pytest
+
+from spardl_jax.sync import methods
+from spardl_jax.tools import project
+
+N, P = 14_700_000, 8
+ETHERNET = project.LINKS["10gbe"]  # 50 us a round, 1.25 GB/s
+
+
+def test_spardl_and_dense_on_10gbe_by_hand():
+  kb = 18_375  # ceil(0.01 * 14.7M / 8)
+  spardl = methods.make("spardl", density=0.01, wire="exact")
+  # 6 rounds; 4 kb (P - 1) = 514,500 four-byte words.
+  want = 0.002 + 6 * 50e-6 + 4 * kb * 7 * 4 / 1.25e9
+  assert project.sync_seconds(spardl, p=P, n=N, link=ETHERNET, compute_s=0.002) == \
+      pytest.approx(want, rel=1e-12)
+  dense = methods.make("dense")
+  want = 14 * 50e-6 + 2 * 7 / 8 * N * 4 / 1.25e9  # 0.0830 s
+  assert project.sync_seconds(dense, p=P, n=N, link=ETHERNET, compute_s=0.0) == \
+      pytest.approx(want, rel=1e-12)
+  assert project.step_seconds(dense, p=P, n=N, link=ETHERNET, compute_s=0.0,
+                              step_s=0.0041) == pytest.approx(0.0041 + want, rel=1e-12)
+
+
+def test_the_token_bucket_lets_the_first_bytes_through():
+  link = project.Link(0.0, 8 / 100e6, project.TBF_BURST)
+  compact = methods.make("spardl", density=0.01)  # 1,029,812 bytes: inside the 4 MiB bucket
+  assert project.sync_seconds(compact, p=P, n=N, link=link, compute_s=0.4) == 0.4
+  dense = methods.make("dense")  # 88.2 MB at P = 4, 4 MiB of it at once
+  assert project.sync_seconds(dense, p=4, n=N, link=link, compute_s=0.35) == pytest.approx(
+      0.35 + (88_200_000 - 4 * 2**20) * 8 / 100e6, rel=1e-12)
+
+
+def test_validation_predicts_each_shaped_time_from_the_unshaped_one():
+  results = {"unshaped": {"dense": {"seconds": 0.35}, "spardl": {"seconds": 0.40}},
+             "100mbit": {"dense": {"seconds": 7.26}, "spardl": {"seconds": 0.486}}}
+  rows = {r["method"]: r for r in project.validate(results, p=4, n=N, density=0.01)}
+  assert rows["dense"]["predicted_s"] == pytest.approx(0.35 + (88_200_000 - 4 * 2**20) * 8e-8)
+  assert rows["spardl"]["predicted_s"] == 0.40
+  assert rows["spardl"]["error"] == pytest.approx(0.40 / 0.486 - 1)
+  with pytest.raises(ValueError, match="needs a netbench run with the rate 'unshaped'"):
+    project.validate({"1gbit": {}}, p=4, n=N, density=0.01)
+
+
+def test_projection_rows_and_the_paper_scaling():
+  rows = project.project(n=N, density=0.01, compute_ms={"spardl": 2.2, "dense": 0.07},
+                         step_ms=4.1, links=["100mbit"], ps=[2, 1024])
+  by = {(r["method"], r["p"]): r["step_s"] for r in rows}
+  # Dense's bytes approach 2n words as P grows; SparDL's stay near 4 k words (k = 1 % of n).
+  assert by[("dense", 1024)] > 1.9 * by[("dense", 2)]
+  assert by[("spardl", 1024)] < by[("dense", 1024)] / 10
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--links", "5g"], "--links: unknown '5g'"),
+    (["--compute", "spardl=x"], "give method=milliseconds pairs"),
+    (["--compute", "spardl=-1"], "the milliseconds must be >= 0"),
+    (["--p", "0,8"], "--p must be >= 1"),
+    (["--compute", "nosuch=1"], "the method must be one of"),
+])
+def test_bad_flags(capsys, flags, message):
+  with pytest.raises(SystemExit) as exit_:
+    project.main(flags)
+  assert exit_.value.code == 2 and message in capsys.readouterr().err
