@@ -63,3 +63,21 @@ def _free_compiled_programs():
   harness.method_executable.cache_clear()
   jax.clear_caches()
   gc.collect()
+
+
+# The longest tests start first, so that the two xdist workers end together instead of one
+# waiting while the other runs a 30-second test last (longest-first scheduling). The files
+# are the slowest of `pytest --durations=0` (docs/testing.md); the order of the rest is kept.
+SLOW_FIRST = ("tests/parallel/test_multiprocess.py", "tests/core/test_default_codegen.py",
+              "tests/core/test_properties.py", "tests/trainer/test_time_to_accuracy.py",
+              "tests/parallel/test_dispatch.py", "tests/trainer/test_train.py")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+
+  def rank(item):
+    path = item.nodeid.split("::")[0]
+    return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
+
+  items.sort(key=rank)  # stable: each file keeps its order

@@ -286,10 +286,12 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     local_axis: a second data axis reduced densely inside each host around the method
       (see "Hierarchical sync"), or None.
     param_specs: the parameters' ``PartitionSpec`` s over the mesh (a pytree of the
-      parameters' structure), needed only where the sync cannot read them: inside a
-      partial-auto ``shard_map`` whose other axes are ``Auto``, or for ``init`` of traced
-      parameters under ``jax.set_mesh`` with ``Auto`` axes. Concrete arrays and ``Explicit``
-      axes carry their own.
+      parameters' structure), needed only where the sync cannot read them: in a
+      ``shard_map`` over every axis (it sees local shards), in a partial-auto ``shard_map``
+      whose other axes are ``Auto``, and for ``init`` of traced parameters under
+      ``jax.set_mesh`` with ``Auto`` axes. Concrete arrays and ``Explicit`` axes carry their
+      own; :func:`spardl_jax.init_opt_state` and :func:`spardl_jax.data_parallel_step` pass
+      what they know.
     **options: the method's options (for ``'spardl'``: ``density`` (a number or a
       schedule), ``teams``, ``sag``, ``residuals``, ``alpha``, ``beta``).
 
