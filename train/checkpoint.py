@@ -218,8 +218,10 @@ class Unreadable(ValueError):
   """A step folder that is not a finished checkpoint of any train state."""
 
 
-def _restore(mgr: ocp.CheckpointManager, step: int, like):
-  """``(state, progress)`` of checkpoint ``step``, rebuilt onto ``like``'s devices."""
+def _read(mgr: ocp.CheckpointManager, step: int, like):
+  """Checkpoint ``step`` read for ``like``'s structure: ``(leaves, progress, changed)``, the
+  leaves whose device count differs (``changed``: index -> the saved metadata) read whole
+  onto the host. Every failure here means the checkpoint cannot be read."""
   # Orbax writes its metadata file last, inside the folder it renames into place: without
   # it (or without any saved leaf) the folder is debris, not another train state.
   if not (mgr.directory / str(step) / "_CHECKPOINT_METADATA").exists():
@@ -229,7 +231,6 @@ def _restore(mgr: ocp.CheckpointManager, step: int, like):
   if not saved:
     raise Unreadable("its train state lists no arrays")
   leaves, treedef = jax.tree.flatten(like)
-  rules = jax.tree.leaves(sj.fold_rules(like))
   paths = _paths(like)
   changed = _check_fits(step, mgr.directory, saved, paths, leaves)
   # Leaves to rebuild are read whole onto one local device, the rest with their shardings.
@@ -241,9 +242,19 @@ def _restore(mgr: ocp.CheckpointManager, step: int, like):
       state=ocp.args.StandardRestore(jax.tree.unflatten(treedef, abstract)),
       progress=ocp.args.JsonRestore()))
   out = jax.tree.leaves(restored["state"])
-  for i in sorted(changed):
-    meta = saved[paths[i]].sharding
-    rows = _redistribute(rules[i], np.asarray(out[i]), leaves[i],
+  out = [np.asarray(x) if i in changed else x for i, x in enumerate(out)]
+  return out, restored["progress"], {i: saved[paths[i]].sharding for i in changed}
+
+
+def _rebuild(step: int, like, out: list, changed: dict):
+  """The leaves of :func:`_read` rebuilt onto ``like``'s devices (per-device leaves folded
+  by their rules). A failure here is not the checkpoint's: it propagates, and the
+  checkpoint stays where it is."""
+  leaves, treedef = jax.tree.flatten(like)
+  rules = jax.tree.leaves(sj.fold_rules(like))
+  paths = _paths(like)
+  for i, meta in sorted(changed.items()):
+    rows = _redistribute(rules[i], out[i], leaves[i],
                          _row_devices(meta.axis_names, meta.shape, meta.partition_spec),
                          "/".join(paths[i]))
     out[i] = jax.make_array_from_callback(rows.shape, leaves[i].sharding,
@@ -251,7 +262,7 @@ def _restore(mgr: ocp.CheckpointManager, step: int, like):
   if changed:
     log.info("checkpoint %d was written on another device count: residuals folded and "
              "spread, %d per-device leaves rebuilt", step, len(changed))
-  return jax.tree.unflatten(treedef, out), restored["progress"]
+  return jax.tree.unflatten(treedef, out)
 
 
 def _drop_late_reader_callbacks() -> None:
@@ -317,7 +328,7 @@ def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, objec
     mgr.reload()
     for step in sorted(mgr.all_steps(), reverse=True):
       try:
-        state, progress = _restore(mgr, step, like)
+        out, progress, changed = _read(mgr, step, like)
       except CheckpointMismatch:
         raise
       except Exception as error:  # any reader failure (Orbax, TensorStore, JSON): try older
@@ -327,5 +338,5 @@ def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, objec
                     "next older one", step, mgr.directory, type(error).__name__, reason, aside)
         mgr.reload()
         continue
-      return step, state, progress
+      return step, _rebuild(step, like, out, changed), progress
   return None

@@ -186,15 +186,16 @@ def test_a_writer_killed_mid_save_leaves_only_whole_checkpoints(tmp_path):
 def test_a_sharded_run_restores_onto_another_data_axis_size(tmp_path):
   """A (4, 2) mesh's state, parameters sharded over "model", saved after a sparse step and
   restored onto (2, 2): the parameters and momentum keep their values and "model" sharding,
-  and each column's residual mass is kept, spread over its new data devices."""
+  and each column's residual mass is kept, spread over its new data devices. Onto (2, 4) it
+  is refused, and the checkpoint stays."""
   import optax
 
   import spardl_jax as sj
 
   specs = {"w": P(None, "model"), "b": P()}
 
-  def build(data, value):
-    mesh = jax.make_mesh((data, 2), ("data", "model"), devices=jax.devices()[:2 * data],
+  def build(data, value, model=2):
+    mesh = jax.make_mesh((data, model), ("data", "model"), devices=jax.devices()[:model * data],
                          axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     params = {"w": jax.device_put(jnp.full((6, 4), value), NamedSharding(mesh, specs["w"])),
               "b": jax.device_put(jnp.full((4,), value), NamedSharding(mesh, specs["b"]))}
@@ -231,3 +232,25 @@ def test_a_sharded_run_restores_onto_another_data_axis_size(tmp_path):
   assert residual.shape == (4, saved.shape[1])
   np.testing.assert_allclose(residual.reshape(2, 2, -1).sum(0), saved.reshape(4, 2, -1).sum(0),
                              rtol=1e-5, atol=1e-6)
+  # Onto another size of the model axis: refused, naming the leaf; the checkpoint stays.
+  _, _, like_params, like_opt = build(2, 0.0, model=4)
+  mgr = checkpoint.manager(tmp_path)
+  with pytest.raises(checkpoint.CheckpointMismatch, match="method_state/residual has shape"):
+    checkpoint.restore_latest(mgr, {"params": like_params, "opt": like_opt})
+  mgr.close()
+  assert (tmp_path / "1").is_dir() and not (tmp_path / "unreadable").exists()
+
+
+def test_a_failure_while_rebuilding_leaves_the_checkpoint_in_place(tmp_path, monkeypatch):
+  """Rebuilding a readable checkpoint onto other devices is our code, not the checkpoint: if
+  it fails, the error propagates and the good checkpoint is not moved to unreadable/ (it was,
+  once, when the fold code met Orbax's list of mesh axes)."""
+  write(tmp_path, [1], devices=4)
+
+  def broken(*args, **kwargs):
+    raise RuntimeError("a bug in the fold")
+
+  monkeypatch.setattr(checkpoint, "_redistribute", broken)
+  with pytest.raises(RuntimeError, match="a bug in the fold"):
+    restore(tmp_path, devices=2)
+  assert (tmp_path / "1").is_dir() and not (tmp_path / "unreadable").exists()
