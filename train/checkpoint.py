@@ -35,6 +35,7 @@ import orbax.checkpoint as ocp
 
 import spardl_jax as sj
 from spardl_jax.core import protocol as sj_protocol
+from spardl_jax.sync import mesh_axes
 
 log = logging.getLogger("train")
 
@@ -116,8 +117,7 @@ def _row_devices(axis_names, sizes, spec) -> tuple[int, int]:
   (spardl_jax.sync.mesh_axes); ``(1, 1)`` for other leaves."""
   if not spec or spec[0] is None:
     return 1, 1
-  # Orbax's metadata lists a tuple of axes as a list.
-  axes = tuple(spec[0]) if isinstance(spec[0], (tuple, list)) else (spec[0],)
+  axes = mesh_axes.axes_of(spec[0])
   shape = dict(zip(axis_names, sizes))
   return shape[axes[0]], int(np.prod([shape[a] for a in axes[1:]], dtype=np.int64))
 

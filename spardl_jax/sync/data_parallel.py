@@ -109,12 +109,10 @@ def fold_rules(tree, rule: str = protocol.FRESH):
 def _layout(params, mesh, axis_name: str, param_specs, who: str):
   """The parameters' specs over the mesh, checked, and what :func:`_specs` needs of them."""
   mesh_axes.check_axis(mesh, axis_name, who)
-  auto = [a for a, t in zip(mesh.axis_names, mesh.axis_types)
-          if a != axis_name and mesh.shape[a] > 1 and t != jax.sharding.AxisType.Explicit]
-  if param_specs is None and auto and not all(
-      isinstance(getattr(x, "sharding", None), NamedSharding) for x in jax.tree.leaves(params)):
+  others = tuple(a for a in mesh.axis_names if a != axis_name and mesh.shape[a] > 1)
+  if param_specs is None and not mesh_axes.layout_known(params, mesh, others):
     raise ValueError(
-        f"{who}: the mesh axes {tuple(auto)} are Auto and some parameters carry no sharding "
+        f"{who}: the mesh axes {others} are Auto and some parameters carry no sharding "
         f"(traced, or not placed on the mesh), so their layout over those axes is unknown; "
         f"pass param_specs=<the parameters' PartitionSpecs>, or place the parameters first.")
   specs = mesh_axes.leaf_specs(params, param_specs)
@@ -124,7 +122,7 @@ def _layout(params, mesh, axis_name: str, param_specs, who: str):
   for x, spec in zip(jax.tree.leaves(params), specs):
     shape = list(x.shape)
     for dim, entry in enumerate(spec):
-      for axis in (entry if isinstance(entry, tuple) else () if entry is None else (entry,)):
+      for axis in mesh_axes.axes_of(entry):
         shape[dim] //= mesh.shape[axis]
     local.append(tuple(shape))
   return jax.tree.unflatten(treedef, specs), {"treedef": treedef, "shapes": local,
@@ -321,12 +319,12 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
           is_leaf=lambda x: isinstance(x, PartitionSpec)),) + out[1:]
     return out[:2] + (tuple(out[2]) if has_aux else (out[2],))
 
+  others = tuple(a for a in mesh.axis_names if a not in data and mesh.shape[a] > 1)
+
   def layout(params):
-    """The parameters' specs where the arrays carry them (concrete arrays, or Explicit
-    axes); None for traced ones on Auto axes (the sync then asks for ``param_specs``)."""
-    if not all(isinstance(getattr(x, "sharding", None), NamedSharding) or
-               isinstance(getattr(jax.typeof(x), "sharding", None), NamedSharding)
-               for x in jax.tree.leaves(params)):
+    """The parameters' specs where the arrays carry them (placed arrays, or Explicit axes);
+    None for ones traced on Auto axes (the sync then asks for ``param_specs``)."""
+    if not mesh_axes.layout_known(params, mesh, others):
       return None
     return jax.tree.unflatten(jax.tree.structure(params), mesh_axes.leaf_specs(params))
 

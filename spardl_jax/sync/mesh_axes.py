@@ -29,7 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spardl_jax.core import flat as flat_vector
 
-__all__ = ['device_axes', 'device_spec', 'check_axis', 'leaf_specs', 'check_leaf_specs',
+__all__ = ['device_axes', 'device_spec', 'check_axis', 'leaf_specs', 'layout_known', 'axes_of',
+           'check_leaf_specs',
            'restrict', 'unbound_axes', 'on_local_shards', 'Segment', 'segments', 'pack',
            'unpack', 'scatter_mean', 'gather', 'known_specs', 'given_specs']
 
@@ -79,10 +80,23 @@ def leaf_specs(tree, param_specs=None) -> list[PartitionSpec]:
   return out
 
 
-def _axes(entry) -> tuple:
+def layout_known(tree, mesh, axes) -> bool:
+  """Whether the leaves of ``tree`` show their layout over the mesh ``axes`` without
+  ``param_specs``: those axes are ``Explicit`` (a traced value's type then names them), or
+  every leaf is placed (an array or ``jax.ShapeDtypeStruct`` with a ``NamedSharding``). A
+  value traced on ``Auto`` axes shows none: its type says replicated, whatever it is."""
+  explicit = all(mesh.axis_types[mesh.axis_names.index(a)] == jax.sharding.AxisType.Explicit
+                 for a in axes)
+  return explicit or all(isinstance(getattr(x, "sharding", None), NamedSharding)
+                         for x in jax.tree.leaves(tree))
+
+
+def axes_of(entry) -> tuple:
+  """The mesh axes one entry of a ``PartitionSpec`` names: ``()`` for None, a tuple for
+  several (Orbax's metadata writes them as a list)."""
   if entry is None:
     return ()
-  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+  return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
 
 
 def check_leaf_specs(tree, specs, shape: dict, axis_name, who: str) -> None:
@@ -93,7 +107,7 @@ def check_leaf_specs(tree, specs, shape: dict, axis_name, who: str) -> None:
   paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
   for path, x, spec in zip(paths, jax.tree.leaves(tree), specs):
     for dim, entry in enumerate(spec):
-      for axis in _axes(entry):
+      for axis in axes_of(entry):
         if axis in data_axes:
           raise ValueError(
               f"{who}: parameter {path or 'params'} is sharded over the data axis "
@@ -104,7 +118,7 @@ def check_leaf_specs(tree, specs, shape: dict, axis_name, who: str) -> None:
           raise ValueError(f"{who}: parameter {path or 'params'} names the axis {axis!r}, "
                            f"which is not in the mesh {tuple(shape)}.")
       size = 1
-      for axis in _axes(entry):
+      for axis in axes_of(entry):
         size *= shape[axis]
       if dim >= len(x.shape):
         raise ValueError(f"{who}: parameter {path or 'params'} of shape {tuple(x.shape)} "
@@ -113,14 +127,14 @@ def check_leaf_specs(tree, specs, shape: dict, axis_name, who: str) -> None:
         raise ValueError(
             f"{who}: parameter {path or 'params'} of shape {tuple(x.shape)} cannot be sharded "
             f"{spec}: dimension {dim} must be divisible by {size} (the mesh axes "
-            f"{_axes(entry)}).")
+            f"{axes_of(entry)}).")
 
 
 def restrict(spec: PartitionSpec, axes) -> PartitionSpec:
   """``spec`` with only the mesh ``axes`` kept."""
   kept = []
   for entry in spec:
-    names = tuple(a for a in _axes(entry) if a in axes)
+    names = tuple(a for a in axes_of(entry) if a in axes)
     kept.append(None if not names else names[0] if len(names) == 1 else names)
   while kept and kept[-1] is None:
     kept.pop()
@@ -168,7 +182,7 @@ def segments(shapes, specs, others: dict[str, int]) -> tuple[Segment, ...]:
   """
   groups: dict[tuple[str, ...], list[int]] = {}
   for i, spec in enumerate(specs):
-    named = {a for entry in spec for a in _axes(entry)}
+    named = {a for entry in spec for a in axes_of(entry)}
     groups.setdefault(tuple(a for a in others if a not in named), []).append(i)
   out = []
   for axes in sorted(groups, key=len):

@@ -512,12 +512,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     others = tuple(a for a in axes if a not in data_axes and mesh.shape[a] > 1)
     if not others:  # data axes only: the parameters are replicated
       return None, jax.tree.map(lambda _: PartitionSpec(), tree)
-    explicit = all(mesh.axis_types[mesh.axis_names.index(a)] == jax.sharding.AxisType.Explicit
-                   for a in others)
-    concrete = all(isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
-                   for x in jax.tree.leaves(tree))
     given = param_specs if param_specs is not None else mesh_axes.given_specs()
-    if given is None and not explicit and not concrete:
+    if given is None and not mesh_axes.layout_known(tree, mesh, others):
       raise ValueError(
           f"sync_gradients: {who} runs where the mesh axes {others} are left to the compiler "
           f"(Auto), so the sync cannot see how the parameters are sharded over them; pass "
