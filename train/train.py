@@ -375,10 +375,20 @@ def evaluate_model(evaluate, state: TrainState, ds: data.Dataset, mesh,
   return total[0] / total[2], total[1] / total[2]
 
 
-def _setup(cfg: TrainConfig, variant: Variant, ds: data.Dataset, mesh: jax.sharding.Mesh
-           ) -> tuple[nn.Module, int, optax.GradientTransformation, np.ndarray, Any]:
-  """``(model, steps per epoch, optimizer, one example, the parameters' specs)`` of a run,
-  its sizes checked (the specs are None on a one-axis mesh)."""
+class _Run(NamedTuple):
+  """What :func:`_setup` fixes for a run."""
+
+  model: nn.Module
+  steps: int  # per epoch
+  tx: optax.GradientTransformation
+  example: np.ndarray  # one input
+  params: Any  # the parameters' shapes and dtypes, placed by ``specs`` on the mesh
+  specs: Any  # the parameters' specs over the mesh's other axes; None on a one-axis mesh
+
+
+def _setup(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
+           mesh: jax.sharding.Mesh) -> _Run:
+  """A run's model, optimizer and parameter layout, its sizes checked."""
   if cfg.batch_size % mesh.size:
     raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --devices "
                      f"({mesh.size}).")
@@ -389,10 +399,14 @@ def _setup(cfg: TrainConfig, variant: Variant, ds: data.Dataset, mesh: jax.shard
     raise ValueError(f"--batch-size ({cfg.batch_size}) is larger than the training set "
                      f"({len(ds.train)} examples).")
   example = ds.train.take(np.arange(1))[0]
-  specs = param_specs(jax.eval_shape(model.init, jax.random.key(0),
-                                     jnp.asarray(example[:1]))["params"], mesh, cfg.axis_name)
+  abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.asarray(example[:1]))["params"]
+  specs = param_specs(abstract, mesh, cfg.axis_name)
+  params = jax.tree.map(
+      lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                           sharding=jax.sharding.NamedSharding(mesh, spec)),
+      abstract, specs or jax.tree.map(lambda _: PartitionSpec(), abstract))
   tx = make_optimizer(cfg, variant, steps_per_epoch=steps, specs=specs)
-  return model, steps, tx, example, specs
+  return _Run(model, steps, tx, example, params, specs)
 
 
 # The flags a checkpoint's arrays depend on: resuming with another value would train another
@@ -429,12 +443,8 @@ def check_variant(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   flags (:func:`train.checkpoint.check_same_run`)."""
   from train import checkpoint
 
-  model, steps, tx, example, layout = _setup(cfg, variant, ds, mesh)
-  abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.asarray(example[:1]))["params"]
-  params = jax.tree.map(
-      lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                           sharding=jax.sharding.NamedSharding(mesh, spec)),
-      abstract, layout or jax.tree.map(lambda _: PartitionSpec(), abstract))
+  run = _setup(cfg, variant, ds, mesh)
+  tx, params, layout = run.tx, run.params, run.specs
   specs = sj.opt_state_specs(tx, params, mesh, axis_name=cfg.axis_name, param_specs=layout,
                              axis_names={cfg.axis_name})
   opt_state = jax.eval_shape(
@@ -446,7 +456,7 @@ def check_variant(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                          check_vma=False)
   jax.eval_shape(update, params, opt_state, params)
   if checkpoint_dir:
-    checkpoint.check_newest(checkpoint_dir, run_record(cfg, variant, steps))
+    checkpoint.check_newest(checkpoint_dir, run_record(cfg, variant, run.steps))
 
 
 def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
@@ -465,7 +475,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   """
   from train import checkpoint
 
-  model, steps, tx, example, layout = _setup(cfg, variant, ds, mesh)
+  model, steps, tx, example, _, layout = _setup(cfg, variant, ds, mesh)
   state, specs = create_train_state(jax.random.key(cfg.seed), model, tx, example, mesh,
                                     cfg.axis_name, layout)
   train, evaluate = compile_steps(model, tx, mesh, specs, cfg.axis_name, task=ds.task,
