@@ -29,14 +29,21 @@ def spardl(p: int, n: int, density: float, *, teams: int = 1, sag: str = "recurs
   worker sends.
 
   Compact blocks: 2 bytes of offset and 2 of value per slot, plus per block one count per
-  65,536 offsets of the block length m (2 bytes each while kb < 65,536, else 4).
+  65,536 offsets of the block length m (2 bytes each while kb < 65,536, else 4). Quantized
+  blocks (int8/int4/int2): the same offsets and counts, the values' bits in 16-bit words, and
+  one 16-bit exponent.
   """
   q = p // teams
   kb_ = kb(n, q, density)
   m = math.ceil(n / q)
+  counts = math.ceil(m / 65536) * (2 if kb_ < 65536 else 4)
+  bits = {"int8": 8, "int4": 4, "int2": 2}.get(wire)
   if wire == "compact":
     def block(slots):
-      return 4 * slots + math.ceil(m / 65536) * (2 if kb_ < 65536 else 4)
+      return 4 * slots + counts
+  elif bits:  # 16-bit offsets, bits-bit values padded to 16-bit words, a 16-bit exponent
+    def block(slots):
+      return 2 * slots + 2 * math.ceil(slots * bits / 16) + 2 + counts
   else:
     def block(slots):
       return slots * (4 + value_bytes)

@@ -28,8 +28,33 @@ def _top_of_union(s, union, kb):
   return kept & union
 
 
+QUANTIZED = {"int8": 8, "int4": 4, "int2": 2}
+
+
+def quantized(v, bits):
+  """Each row of ``v`` as ``bits``-bit integers times the least power of two ``2^e`` with
+  ``(2^(bits-1) - 1) 2^e >= max |row|`` (``e`` in [-126, 127]), rounded half to even."""
+  qmax = 2 ** (bits - 1) - 1
+  out = np.zeros_like(v)
+  for i, row in enumerate(v.reshape(-1, v.shape[-1]).astype(np.float64)):
+    top = np.abs(row).max()
+    if top == 0:
+      continue
+    e = int(np.ceil(np.log2(top / qmax)))
+    while qmax * 2.0 ** (e - 1) >= top:
+      e -= 1
+    while qmax * 2.0 ** e < top:
+      e += 1
+    e = min(max(e, -126), 127)
+    out.reshape(-1, v.shape[-1])[i] = np.clip(np.round(row / 2.0 ** e), -qmax, qmax) * 2.0 ** e
+  return out
+
+
 def as_sent(v, wire):
-  """Values as the wire carries them: float32 rounded to bfloat16 in the compact format."""
+  """Values as the wire carries them: float32 rounded to bfloat16 in the compact format;
+  in a quantized one, each row (a block's values) scaled on its own."""
+  if wire in QUANTIZED:
+    return quantized(v, QUANTIZED[wire])
   if wire == "compact" and v.dtype == np.float32:
     return v.astype(ml_dtypes.bfloat16).astype(np.float32)
   return v
@@ -45,7 +70,8 @@ def spardl(xs, rs, density, residuals="global", teams=1, sag="recursive", h=None
       selected anything) or 'none'.
     teams: d, contiguous teams of Q = P / d.
     sag: 'recursive' (R-SAG) or 'bruck' (B-SAG, sending top-h pairs across teams).
-    wire: 'exact' or 'compact'. Compact rounds every value at its first send; the sender
+    wire: 'exact', 'compact' or a quantized format ('int8', 'int4', 'int2'). Compact rounds
+      every value at its first send (a quantized format every block, on its own); the sender
       keeps value - rounded (a value held in copies by a group of teams: the group's
       lowest team keeps it).
   Returns:

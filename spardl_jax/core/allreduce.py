@@ -200,7 +200,7 @@ def _stages(x: jax.Array, state: SparDLState, config: SparDLConfig, *, p: int,
   buf = to_blocks(x + state.residual, frame)
   reduced = srs.spar_reduce_scatter(buf, kb=frame.kb, chunk=frame.chunk, rank=frame.rank, p=p,
                                     axis_name=axis_name, wire=frame.wire)
-  own_off, own_val = own_block_selection(reduced.buf, frame)
+  own_off, own_val, own_err = own_block_selection(reduced.buf, frame)
   agreed = sag.spar_all_gather(own_off, own_val, state.controller, kind=frame.kind,
                                kb=frame.kb, p=p, q=frame.q, team=frame.team,
                                axis_name=axis_name, wire=frame.wire)
@@ -209,8 +209,8 @@ def _stages(x: jax.Array, state: SparDLState, config: SparDLConfig, *, p: int,
   y, in_result = scatter_result(rows_off, rows_val, frame, p=p)
   if config.residuals == "none":
     return from_blocks(y, frame), SparDLState(jnp.zeros_like(x), controller)
-  residual = collect_residual(reduced, agreed, None if config.residuals == "local" else
-                              in_result, frame)
+  residual = collect_residual(reduced, agreed, own_err, None if config.residuals == "local"
+                              else in_result, frame)
   return from_blocks(y, frame), SparDLState(from_blocks(residual, frame), controller)
 
 
@@ -283,12 +283,14 @@ def from_blocks(flat: jax.Array, frame: BlockFrame) -> jax.Array:
   return flat.reshape(layout.q, frame.mc)[:, :layout.m].reshape(-1)[:layout.n]
 
 
-def own_block_selection(buf: jax.Array, frame: BlockFrame) -> tuple[jax.Array, jax.Array]:
+def own_block_selection(buf: jax.Array, frame: BlockFrame
+                        ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
   """Top-``kb`` of the worker's own reduced block (block ``rank``): ``(kb,)`` ascending
-  offsets and their values as the wire carries them (GRES leaves the rounding error in the
-  worker's residual), so the owner uses the same values as everyone it sends them to."""
+  offsets, their values as the wire carries them (so the owner uses the same values as
+  everyone it sends them to) and the rounding error GRES leaves in the worker's residual
+  (None when values travel unchanged)."""
   offsets, values = topk.block_topk(buf, frame.rank[None], frame.kb, frame.chunk)
-  return offsets[0], frame.wire.round(values[0])
+  return offsets[0], frame.wire.round(values[0]), frame.wire.rounding_error(values[0])
 
 
 def gather_team(agreed: sag.SagResult, frame: BlockFrame, *, axis_name
@@ -331,17 +333,22 @@ def scatter_result(offsets: jax.Array, values: jax.Array, frame: BlockFrame, *, 
   return y, in_result
 
 
-def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult, in_result: jax.Array | None,
-                     frame: BlockFrame) -> jax.Array:
+def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult, own_error: jax.Array | None,
+                     in_result: jax.Array | None, frame: BlockFrame) -> jax.Array:
   """Residual collection in the flat block buffer: GRES with ``in_result``, LRES without.
 
-  Under GRES, R-SAG's discarded shares count only where the index made the result (elsewhere
-  the gradient is restored there anyway).
+  ``own_error`` is the rounding error of the worker's own selection, in the order of
+  ``agreed.sent``. Under GRES, R-SAG's discarded shares count only where the index made the
+  result (elsewhere the gradient is restored there anyway).
   """
   own = frame.rank[None]
   selected = jnp.concatenate([reduced.selected, frame.positions(own, agreed.sent[None])])
+  errors = None
+  if own_error is not None:
+    errors = own_error if reduced.errors is None else jnp.concatenate([reduced.errors,
+                                                                       own_error])
   residual = gres.collect_residuals(reduced.buf.reshape(-1), in_result, reduced.receipts,
-                                    selected, sent_error=frame.wire.rounding_error)
+                                    selected, sent_errors=errors)
   if in_result is None:
     return residual
   for share in agreed.shares:

@@ -22,8 +22,8 @@ Residuals = Literal["global", "local", "none"]
 RESIDUAL_MODES = ("global", "local", "none")
 Sag = Literal["auto", "recursive", "bruck"]
 SAG_MODES = ("auto", "recursive", "bruck")
-WireFormat = Literal["exact", "compact"]
-WIRE_FORMATS = ("exact", "compact")
+WireFormat = Literal["exact", "compact", "int8", "int4", "int2"]
+WIRE_FORMATS = ("exact", "compact", "int8", "int4", "int2")
 # Alpha-beta parameters of two networks: latency per round (s) and seconds per byte.
 ETHERNET_10G = {"alpha": 50e-6, "beta": 1 / 1.25e9}
 INFINIBAND_100G = {"alpha": 2e-6, "beta": 1 / 12.5e9}
@@ -55,7 +55,11 @@ class SparDLConfig:
       values, about half the bytes of ``'exact'`` for float32 gradients; each sender keeps
       the rounding error of the values it sends in its residual, so no gradient mass is
       lost (float16 and bfloat16 values travel unchanged). ``'exact'``: int32 offsets and
-      values in the gradient's dtype, the paper's format.
+      values in the gradient's dtype, the paper's format. ``'int8'``, ``'int4'``,
+      ``'int2'``: the compact offsets with ``b``-bit integer values and one power-of-two
+      scale per block (SparseLoCo sends 2-bit values); the rounding error stays in the
+      sender's residual as for ``'compact'``, so with ``residuals='global'`` nothing is
+      lost, only delayed.
 
   References:
     Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient

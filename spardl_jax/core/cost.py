@@ -102,7 +102,8 @@ def spardl_cost(p: int, n: int, density: float, teams: int, *, itemsize: int = 4
 
 def wire_format(wire: str, layout: BlockLayout) -> messages.Wire:
   """The :class:`~spardl_jax.core.messages.Wire` of ``SparDLConfig.wire`` for ``layout``."""
-  return messages.Wire(compact=wire == "compact", span=layout.m, kb=layout.kb)
+  return messages.Wire(compact=wire != "exact", span=layout.m, kb=layout.kb,
+                       bits=messages.VALUE_BITS.get(wire, 0))
 
 
 def modeled_seconds(cost, *, alpha: float, beta: float) -> float:

@@ -9,8 +9,8 @@ buffer value (``g_w[i]`` plus what ``w`` received there). Hence
 
 The residual is built in place from the SRS buffer: receipts at non-result indices are
 undone by writing back the values logged before each receipt (newest first), and selected
-result indices are zeroed (or, in the compact wire format, set to the rounding error of the
-value sent: the part that did not leave). Only sparse writes touch the dense buffer.
+result indices are zeroed (or, in a wire format that rounds values, set to the rounding error
+of the value sent: the part that did not leave). Only sparse writes touch the dense buffer.
 
 The same pass gives local residual collection (LRES, the paper's ablation baseline) when no
 result mask is given: every receipt is undone and every selection zeroed, so a worker keeps
@@ -19,7 +19,7 @@ only what it discarded of its own gradient; everything discarded after a receipt
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +30,7 @@ __all__ = ['collect_residuals']
 
 
 def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Sequence[Receipt],
-                      selected: jax.Array, *,
-                      sent_error: Callable[[jax.Array], jax.Array | None] = lambda v: None
+                      selected: jax.Array, *, sent_errors: jax.Array | None = None
                       ) -> jax.Array:
   """The worker's new residual, in the flat layout of its block buffer.
 
@@ -42,9 +41,9 @@ def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Seq
     receipts: the SRS receipts in step order.
     selected: ``(s,)`` int32 flat positions this worker selected (sent or kept); ``size``
       marks an empty slot.
-    sent_error: the part of a selected value that did not travel (``Wire.rounding_error``;
-      None when values travel unchanged). A selected entry is never received into again,
-      so ``buf`` still holds the value it had when it was sent.
+    sent_errors: ``(s,)`` the part of each selected value that did not travel
+      (``Wire.rounding_error`` at the time it was sent, in ``selected``'s order); None when
+      values travel unchanged.
 
   Returns:
     ``(size,)`` the residual, same dtype as ``buf``.
@@ -54,8 +53,7 @@ def collect_residuals(buf: jax.Array, in_result: jax.Array | None, receipts: Seq
     zero = selected
   else:
     zero = jnp.where(in_result.at[selected].get(mode="fill", fill_value=False), selected, size)
-  error = sent_error(buf.at[zero].get(mode="fill", fill_value=0))
-  kept = 0 if error is None else error
+  kept = 0 if sent_errors is None else sent_errors
   res = buf
   if in_result is not None:
     # Under GRES no receipt is undone at a result index, so what stays of the selected

@@ -12,8 +12,18 @@ program). Offsets inside a block are ascending, and empty slots (offset
   multiple of 65,536 (``segments = ceil(span / 65,536)`` counts, uint16 when the block's slot
   count fits in 16 bits, else uint32). Ascending offsets make the counts recover the high
   bits, and the last count is the number of filled slots, so empty slots need no marker:
-  ``L * (4 kb + segments * count_bytes)`` bytes. The sender rounds the values; the rounding
-  error is the sender's to keep (``docs/design.md``, "Wire format").
+  ``L * (4 kb + segments * count_bytes)`` bytes.
+* ``int8``, ``int4``, ``int2``: the compact format's offsets and counts, and per block the
+  values as ``b``-bit signed integers ``q`` times one power-of-two scale ``2^e`` (the shared
+  exponent of the OCP microscaling formats; one int16 word). ``e`` is the least exponent
+  with ``(2^(b-1) - 1) 2^e >= max |v|`` over the block, so ``|q| <= 2^(b-1) - 1`` (int2's
+  values are ``-2^e``, ``0`` and ``2^e``). A power of two makes ``q 2^e`` exact and a
+  second rounding of rounded values a no-op, so a subset of a block (B-SAG's top-``h``) or
+  an agreed sum that is sent again keeps its bits. ``L * (2 kb + 2 ceil(kb b / 16) + 2 +
+  segments * count_bytes)`` bytes.
+
+The sender rounds the values; the rounding error is the sender's to keep (``docs/design.md``,
+"Wire format").
 """
 
 from __future__ import annotations
@@ -24,11 +34,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ['SEGMENT', 'pack', 'unpack', 'segments', 'count_dtype', 'Wire', 'EXACT']
+__all__ = ['SEGMENT', 'VALUE_BITS', 'pack', 'unpack', 'segments', 'count_dtype', 'Wire', 'EXACT']
 
 _WORDS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 SEGMENT = 1 << 16  # offsets of a compact block travel as (segment, low 16 bits)
 _INVALID = np.iinfo(np.int32).max  # sparse.INVALID (sparse imports this module)
+VALUE_BITS = {"int8": 8, "int4": 4, "int2": 2}  # the quantized formats' bits per value
+_NONFINITE = np.int16(np.iinfo(np.int16).max)  # a block's exponent word: max |v| not finite
+_EXPONENTS = (-126, 127)  # scales are normal float32 numbers
+
+
+def _pow2(e: jax.Array) -> jax.Array:
+  """``2^e`` as float32 for int32 ``e`` in [-126, 127], built from its bits (exact, where a
+  power function need not be)."""
+  return jax.lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
 
 
 def _word_dtype(dtype) -> np.dtype:
@@ -86,17 +105,20 @@ class Wire:
   """The message format of one SparDL all-reduce (``SparDLConfig.wire``).
 
   Attributes:
-    compact: False for the ``exact`` format, True for ``compact``.
+    compact: False for the ``exact`` format, True for ``compact`` and the quantized ones
+      (16-bit offsets and per-segment counts).
     span: block length ``m``: every offset of a message lies in ``[0, span)``.
     kb: the most slots a block of this all-reduce carries (sizes the compact counts).
+    bits: bits per value of a quantized format (8, 4 or 2), 0 otherwise.
   """
 
   compact: bool = False
   span: int = 1
   kb: int = 1
+  bits: int = 0
 
   def value_dtype(self, dtype) -> np.dtype:
-    """The dtype values of ``dtype`` travel in."""
+    """The dtype values of ``dtype`` travel in (not quantized ones: see :attr:`bits`)."""
     return np.dtype(jnp.bfloat16) if self.compact and np.dtype(dtype).itemsize > 2 else (
         np.dtype(dtype))
 
@@ -114,16 +136,66 @@ class Wire:
     return jnp.where(jnp.isinf(out) & jnp.isfinite(values),
                      jnp.where(values > 0, largest, -largest), out)
 
+  def quantize(self, values: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each block (the last axis) of ``values`` as ``bits``-bit integers and its exponent:
+    ``(q, e)``, int32 ``q`` of ``values``' shape and int16 ``e`` with one entry per block
+    (:data:`_NONFINITE` where the block holds a NaN or an inf)."""
+    qmax = 2 ** (self.bits - 1) - 1
+    v = values.astype(jnp.float32)
+    top = jnp.max(jnp.abs(v), axis=-1, keepdims=True)
+    _, e = jnp.frexp(top)  # top <= 2^e
+    low = e - (qmax.bit_length() - 1) - 1  # the least exponent with qmax 2^low >= top, or +1
+    e = jnp.clip(jnp.where(qmax * _pow2(low) >= top, low, low + 1), *_EXPONENTS)
+    q = jnp.clip(jnp.round(v * _pow2(-e)), -qmax, qmax).astype(jnp.int32)
+    finite = jnp.isfinite(top)
+    return jnp.where(finite, q, 0), jnp.where(finite, e, _NONFINITE).astype(jnp.int16)[..., 0]
+
+  def dequantize(self, q: jax.Array, e: jax.Array, dtype) -> jax.Array:
+    """Inverse of :meth:`quantize`: ``q 2^e`` in ``dtype`` (NaN for a non-finite block)."""
+    e = e.astype(jnp.int32)[..., None]
+    v = q.astype(jnp.float32) * _pow2(jnp.clip(e, *_EXPONENTS))
+    return jnp.where(e == _NONFINITE, jnp.nan, v).astype(dtype)
+
   def round(self, values: jax.Array) -> jax.Array:
-    """``values`` as the receiver will see them (identity unless they are narrowed)."""
+    """``values`` as the receiver will see them (identity unless they are narrowed); a
+    quantized format scales each block, the last axis, on its own."""
+    if self.bits:
+      return self.dequantize(*self.quantize(values), values.dtype)
     return self.narrow(values).astype(values.dtype)
 
   def rounding_error(self, values: jax.Array) -> jax.Array | None:
-    """``values - round(values)``, the part of a sent value its sender keeps; None when
-    the format sends values unchanged."""
-    if self.value_dtype(values.dtype) == values.dtype:
+    """``values - round(values)`` (blocks along the last axis), the part of a sent value its
+    sender keeps; None when the format sends values unchanged."""
+    if not self.bits and self.value_dtype(values.dtype) == values.dtype:
       return None
     return values - self.round(values)
+
+  def _value_words(self, values: jax.Array) -> jax.Array:
+    """``(L, s)`` values -> their ``(L, words)`` uint16 words in this format."""
+    if not self.bits:
+      return _to_words(self.narrow(values), jnp.uint16)
+    q, e = self.quantize(values)
+    per = 16 // self.bits
+    q = jnp.pad(q, ((0, 0), (0, -q.shape[1] % per)))
+    fields = (q & (2 ** self.bits - 1)).astype(jnp.uint32).reshape(q.shape[0], -1, per)
+    shifts = jnp.arange(per, dtype=jnp.uint32) * self.bits
+    words = jnp.sum(fields << shifts, axis=-1).astype(jnp.uint16)  # disjoint bits: a sum
+    return jnp.concatenate([words, _to_words(e[:, None], jnp.uint16)], axis=1)
+
+  def _value_word_count(self, slots: int) -> int:
+    if not self.bits:
+      return slots
+    return -(-slots * self.bits // 16) + 1  # and the exponent
+
+  def _values_from_words(self, words: jax.Array, kb: int, dtype) -> jax.Array:
+    if not self.bits:
+      return _from_words(words, self.value_dtype(dtype)).astype(dtype)
+    per = 16 // self.bits
+    shifts = jnp.arange(per, dtype=jnp.int32) * self.bits
+    fields = (words[:, :-1, None].astype(jnp.int32) >> shifts) & (2 ** self.bits - 1)
+    sign = 2 ** (self.bits - 1)
+    q = ((fields ^ sign) - sign).reshape(words.shape[0], -1)[:, :kb]
+    return self.dequantize(q, _from_words(words[:, -1:], jnp.int16)[:, 0], dtype)
 
   def pack(self, offsets: jax.Array, values: jax.Array,
            extra: jax.Array | None = None) -> jax.Array:
@@ -135,8 +207,7 @@ class Wire:
     # A binary search's loop only pays for long blocks; comparing all pairs compiles faster.
     method = "compare_all" if offsets.shape[1] * bounds.shape[0] <= 1 << 16 else "scan"
     counts = jax.vmap(lambda row: jnp.searchsorted(row, bounds, method=method))(offsets)
-    parts = [(offsets & (SEGMENT - 1)).astype(jnp.uint16),
-             _to_words(self.narrow(values), jnp.uint16),
+    parts = [(offsets & (SEGMENT - 1)).astype(jnp.uint16), self._value_words(values),
              _to_words(counts.astype(count_dtype(self.kb)), jnp.uint16)]
     if extra is not None:
       parts.append(_to_words(extra, jnp.uint16))
@@ -149,8 +220,9 @@ class Wire:
     if not self.compact:
       return unpack(message, kb, dtype, extra)
     segs = segments(self.span)
-    stop = 2 * kb + segs * count_dtype(self.kb).itemsize // 2
-    counts = _from_words(message[:, 2 * kb:stop], count_dtype(self.kb)).astype(jnp.int32)
+    start = kb + self._value_word_count(kb)
+    stop = start + segs * count_dtype(self.kb).itemsize // 2
+    counts = _from_words(message[:, start:stop], count_dtype(self.kb)).astype(jnp.int32)
     slots = jnp.arange(kb, dtype=jnp.int32)
     # Few segments: comparing every slot with every count beats a binary search's loop.
     method = "compare_all" if segs <= 64 else "scan_unrolled"
@@ -158,7 +230,7 @@ class Wire:
         counts)
     offsets = jnp.where(segment < segs,
                         segment * SEGMENT + message[:, :kb].astype(jnp.int32), _INVALID)
-    values = _from_words(message[:, kb:2 * kb], self.value_dtype(dtype)).astype(dtype)
+    values = self._values_from_words(message[:, kb:start], kb, dtype)
     parts: tuple[jax.Array, ...] = (offsets, values)
     if extra:
       parts += (_from_words(message[:, stop:], jnp.int32),)
@@ -168,7 +240,10 @@ class Wire:
     """Bytes of one block of ``slots`` (an int or a traced scalar) pairs."""
     if not self.compact:
       return slots * (4 + value_bytes)
-    return 4 * slots + segments(self.span) * count_dtype(self.kb).itemsize
+    counts = segments(self.span) * count_dtype(self.kb).itemsize
+    if not self.bits:
+      return 4 * slots + counts
+    return 2 * slots + 2 * (-(-slots * self.bits // 16)) + 2 + counts
 
 
 EXACT = Wire()

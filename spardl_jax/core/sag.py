@@ -28,7 +28,7 @@ from spardl_jax.core import bruck, h_controller, messages, schedule
 from spardl_jax.core.sparse import (INVALID, in_worker_order, magnitude_order,
                                merge_with_partner, sparse_sum, top_of_union)
 
-__all__ = ['Share', 'as_sent', 'recursive_sag', 'by_magnitude', 'bruck_sag', 'SagResult',
+__all__ = ['Share', 'as_sent', 'recursive_sag', 'bruck_sag', 'SagResult',
            'spar_all_gather', 'next_controller']
 
 
@@ -78,13 +78,6 @@ def recursive_sag(offsets: jax.Array, values: jax.Array, *, kb: int, p: int, q: 
   return offsets, values, shares
 
 
-def by_magnitude(offsets: jax.Array, values: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``(kb,)`` pairs reordered by decreasing ``|value|``, ties to the lower offset, so the
-  top-``h`` is a prefix for every ``h``. ``offsets`` must be ascending."""
-  order = magnitude_order(values)
-  return offsets[order], values[order]
-
-
 def bruck_sag(offsets: jax.Array, values: jax.Array, level: jax.Array, *,
               ladder: tuple[int, ...], kb: int, p: int, q: int, team: jax.Array,
               axis_name, wire: messages.Wire = messages.EXACT
@@ -96,7 +89,8 @@ def bruck_sag(offsets: jax.Array, values: jax.Array, level: jax.Array, *,
   share would be overwritten: it is not computed.
 
   Args:
-    offsets, values: ``(kb,)`` candidates ordered by :func:`by_magnitude`.
+    offsets, values: ``(kb,)`` candidates by decreasing ``|value|``, ties to the lower offset
+      (:func:`~spardl_jax.core.sparse.magnitude_order`), so the top-``h`` is a prefix.
     level: () int32 index into ``ladder``, the same on every worker.
     ladder: the static message sizes.
     wire: the message format; ``values`` must already be as it carries them.
@@ -132,8 +126,9 @@ class SagResult(NamedTuple):
     offsets, values: ``(kb,)`` the agreed sparse sum of this worker's block (ascending
       offsets, empty slots :data:`INVALID`), values as the wire carries them; without SAG,
       the worker's own selection.
-    sent: ``(kb,)`` offsets of its own selection that left the worker (the rest is
-      in-procedure residual): all of them except for B-SAG, which sends the top-``h``.
+    sent: ``(kb,)`` offsets of its own selection that left the worker, in its order,
+      :data:`INVALID` for the rest (in-procedure residual): all of them except for B-SAG,
+      which sends the top-``h``.
     shares: the R-SAG discards and the rounding errors this worker keeps, one
       :class:`Share` each.
     count: () int32 distinct indices B-SAG gathered (None otherwise), for the controller.
@@ -178,8 +173,11 @@ def spar_all_gather(offsets: jax.Array, values: jax.Array, controller: h_control
   level = jnp.minimum(jnp.searchsorted(sizes, jnp.ceil(controller.h).astype(jnp.int32)),
                       len(ladder) - 1)
   h = sizes[level]
-  ordered_off, ordered_val = by_magnitude(offsets, values)
-  sent = jnp.where(jnp.arange(kb) < h, ordered_off, INVALID)
+  order = magnitude_order(values)
+  ordered_off, ordered_val = offsets[order], values[order]
+  # In the selection's own (ascending) order, so that its rounding errors line up.
+  place = jnp.zeros((kb,), jnp.int32).at[order].set(jnp.arange(kb, dtype=jnp.int32))
+  sent = jnp.where(place < h, offsets, INVALID)
   offsets_out, values_out, count = bruck_sag(ordered_off, ordered_val, level, ladder=ladder,
                                              kb=kb, p=p, q=q, team=team, axis_name=axis_name,
                                              wire=wire)

@@ -41,11 +41,14 @@ class SRSResult(NamedTuple):
     receipts: one :class:`Receipt` per SRS step, in step order.
     selected: ``((q - 1) * kb,)`` int32 flat positions of every entry this worker sent: its
       in-procedure residual is 0 there.
+    errors: ``((q - 1) * kb,)`` the part of each sent value that did not travel (the
+      wire's rounding error, in ``selected``'s order), or None when values travel unchanged.
   """
 
   buf: jax.Array
   receipts: list[Receipt]
   selected: jax.Array
+  errors: jax.Array | None
 
 
 def flat_positions(rows: jax.Array, offsets: jax.Array, mc: int) -> jax.Array:
@@ -68,12 +71,13 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
     wire: the message format; what a receiver adds is the value as the wire carries it.
   """
   q, mc = buf.shape
-  receipts, selected = [], []
+  receipts, selected, errors = [], [], []
   for st in schedule.srs_schedule(q):
     # The rotated frame: position j of this worker is global block (rank + j) mod q.
     bag = (rank + jnp.arange(st.start, st.stop, dtype=jnp.int32)) % q
     offsets, values = topk.block_topk(buf, bag, kb, chunk)
     selected.append(flat_positions(bag, offsets, mc))
+    errors.append(wire.rounding_error(values))
     message = jax.lax.ppermute(wire.pack(offsets, values), axis_name,
                                perm=schedule.team_permutation(p, q, st.shift))
     offsets, values = wire.unpack(message, kb, buf.dtype)
@@ -86,5 +90,8 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
     # so XLA updates the buffer in place instead of copying it. Positions never repeat.
     buf = flat.at[positions].set(before + values.reshape(-1),
                                  unique_indices=True).reshape(q, mc)
+  kept = [e.reshape(-1) for e in errors if e is not None]  # all or none
+  sent_errors = jnp.concatenate(kept) if kept else None
   return SRSResult(buf, receipts,
-                   jnp.concatenate(selected) if selected else jnp.zeros((0,), jnp.int32))
+                   jnp.concatenate(selected) if selected else jnp.zeros((0,), jnp.int32),
+                   sent_errors)

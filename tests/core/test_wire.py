@@ -1,5 +1,6 @@
-"""The compact wire format (16-bit offsets, bfloat16 values) against the NumPy model with
-the same rounding, its exact bookkeeping, and its bytes in the compiled program."""
+"""The compact wire format (16-bit offsets, bfloat16 values) and the quantized ones (int8,
+int4, int2 values with a power-of-two scale per block) against the NumPy model with the same
+rounding, their exact bookkeeping, and their bytes in the compiled program."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -22,13 +23,22 @@ CASES = [
     (4, 2, "recursive", 200_003, 0.01),
     (12, 3, "bruck", 1237, 0.01),
 ]
+CASES = [(*case, "compact") for case in CASES] + [
+    # Each quantized format once through SRS alone, R-SAG (with several count segments) and
+    # B-SAG (which sends a rounded block's top-h again: a power-of-two scale keeps its bits).
+    (5, 1, "recursive", 1237, 0.01, "int2"),
+    (4, 2, "recursive", 200_003, 0.01, "int8"),
+    (12, 3, "bruck", 1237, 0.01, "int4"),
+    (8, 2, "recursive", 5003, 0.3, "int2"),
+]
 
 
-@pytest.mark.parametrize("p,d,sag,n,density", CASES)
-def test_compact_matches_numpy_model_conserves_and_sends_the_formula(p, d, sag, n, density):
+@pytest.mark.parametrize("p,d,sag,n,density,wire", CASES)
+def test_rounding_wire_matches_numpy_model_conserves_and_sends_the_formula(p, d, sag, n, density,
+                                                                           wire):
   """Three syncs fed back: the model's results and residuals, bit-identical devices,
-  conservation to float32 rounding (not bfloat16's), and the compiled program's bytes."""
-  config = sj.SparDLConfig(density=density, teams=d, sag=sag, wire="compact")
+  conservation to float32 rounding (not the wire's), and the compiled program's bytes."""
+  config = sj.SparDLConfig(density=density, teams=d, sag=sag, wire=wire)
   rng = np.random.default_rng(p * 7 + d)
   state = harness.rows(p, n, config)
   used = set()
@@ -39,17 +49,17 @@ def test_compact_matches_numpy_model_conserves_and_sends_the_formula(p, d, sag, 
     new_rs = np.asarray(state.residual)
     h = int(np.asarray(state.controller.last_h)[0])
     used.add(h)
-    want_y, want_rs = reference.spardl(xs, rs, density, teams=d, sag=sag, h=h, wire="compact")
+    want_y, want_rs = reference.spardl(xs, rs, density, teams=d, sag=sag, h=h, wire=wire)
     np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))  # bit-identical
     np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(new_rs, want_rs, rtol=1e-6, atol=1e-6)
     harness.assert_conserved(xs, rs, ys, new_rs)
-    if density < 1:  # the values really travel in bfloat16
+    if wire == "compact" and density < 1:  # the values really travel in bfloat16
       sent = ys[0][ys[0] != 0] * p
       assert np.abs(sent - reference.as_sent(sent, "compact")).max() <= 1e-6 * np.abs(sent).max()
   hlo = harness.traffic(p, n, config)
   for h in used:
-    want = formulas.spardl(p, n, density, teams=d, sag=sag, h=h, wire="compact")
+    want = formulas.spardl(p, n, density, teams=d, sag=sag, h=h, wire=wire)
     branch = hlo.branch(schedule.h_ladder(want["kb"], d).index(h)) if sag == "bruck" else hlo
     assert branch.rounds == want["rounds"]
     for device in range(p):
@@ -95,6 +105,30 @@ def test_residual_modes_keep_only_the_rounding_error_of_what_was_sent():
     np.testing.assert_allclose(new_rs, want_rs, rtol=1e-6, atol=1e-6)
 
 
+def test_quantized_bytes_at_the_papers_size():
+  """Per pair, compact sends 4 bytes; int8 3, int4 2.5, int2 2.25 (n = 14.7M, 1 %, P = 8)."""
+  compact = cost.spardl_cost(8, 14_700_000, 0.01, 1, wire="compact").bytes
+  for wire, ratio in (("int8", 3 / 4), ("int4", 2.5 / 4), ("int2", 2.25 / 4)):
+    got = cost.spardl_cost(8, 14_700_000, 0.01, 1, wire=wire).bytes
+    assert got == formulas.spardl(8, 14_700_000, 0.01, wire=wire)["bytes"]
+    assert got == pytest.approx(ratio * compact, rel=1e-3)
+
+
+@pytest.mark.parametrize("wire", ["int8", "int2"])
+def test_quantized_values_keep_nonfinite_and_tiny_blocks(wire):
+  """A NaN in a block reaches every device's result, so every device skips the sync (zeros,
+  residuals kept); a block near float32's least normal number conserves its mass."""
+  p, n = 2, 64
+  xs = np.full((p, n), 1e-37, np.float32)
+  xs[0, 5] = np.nan
+  ys, rs = harness.run(xs, np.zeros_like(xs), sj.SparDLConfig(density=1.0, wire=wire))
+  assert not ys.any() and not rs.any()
+  xs = np.full((p, n), 3e-38, np.float32)
+  ys, rs = harness.run(xs, np.zeros_like(xs), sj.SparDLConfig(density=1.0, wire=wire))
+  harness.assert_conserved(xs, np.zeros_like(xs), ys, rs)
+
+
 def test_bad_wire_is_named():
-  with pytest.raises(ValueError, match=r"wire must be one of \('exact', 'compact'\)"):
+  with pytest.raises(ValueError, match=r"wire must be one of \('exact', 'compact', 'int8', "
+                                       r"'int4', 'int2'\)"):
     sj.SparDLConfig(density=0.1, wire="bf16")
