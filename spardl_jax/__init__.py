@@ -28,6 +28,7 @@ from spardl_jax.sync.data_parallel import (data_parallel_step, fold_rules, init_
                                            opt_state_shardings, opt_state_specs,
                                            sync_state_filter)
 from spardl_jax.sync.methods import sharded_allreduce
+from spardl_jax.sync.outer import DiLoCoState, diloco, replica_params
 from spardl_jax.sync.transform import (SyncState, SyncStats, powersgd, spardl, sync_gradients,
                                        sync_stats)
 from spardl_jax.tools import traffic
@@ -36,6 +37,7 @@ __all__ = (
     "AllReduce",
     "BlockLayout",
     "Cost",
+    "DiLoCoState",
     "FlatVector",
     "SparDLConfig",
     "SparDLState",
@@ -45,6 +47,7 @@ __all__ = (
     "bounded_dispatch",
     "data_parallel_step",
     "density_warmup",
+    "diloco",
     "distributed",
     "fold_rules",
     "init_opt_state",
@@ -53,6 +56,7 @@ __all__ = (
     "opt_state_specs",
     "powersgd",
     "register",
+    "replica_params",
     "scale_by_frozen_adam",
     "schedule",
     "sharded_allreduce",

@@ -49,6 +49,9 @@ class Tuning(NamedTuple):
   lr: float | None = None            # this variant's learning rate (default: --lr)
   opt_momentum: float | None = None  # this variant's SGD momentum or AdamW b1
   freeze: int | None = None          # AdamW: freeze the second moment after N steps
+  outer: int | None = None           # DiLoCo's H: inner steps per synced outer step (0: off)
+  outer_lr: float | None = None      # the outer Nesterov step's rate (default --outer-lr)
+  outer_momentum: float | None = None  # its momentum (default --outer-momentum)
 
   def given(self) -> dict[str, Any]:
     """The keys set, by name."""
@@ -73,7 +76,8 @@ _POSITIVE = Rule(float, "> 0 and finite", lambda v: 0 < v < float("inf"))
 TUNING: dict[str, Rule] = {
     "warmup": _AT_LEAST_0, "ramp": _AT_LEAST_0, "momentum": _UNIT,
     "masking": Rule(int, "0 or 1", lambda v: v in (0, 1)), "clip": _POSITIVE, "lr": _POSITIVE,
-    "opt_momentum": _UNIT, "freeze": Rule(int, ">= 1", lambda v: v >= 1)}
+    "opt_momentum": _UNIT, "freeze": Rule(int, ">= 1", lambda v: v >= 1),
+    "outer": _AT_LEAST_0, "outer_lr": _POSITIVE, "outer_momentum": _UNIT}
 assert tuple(TUNING) == Tuning._fields, "a rule for every tuning key"
 
 
@@ -133,6 +137,11 @@ class TrainConfig:
   log_every: int = 50  # steps between fetches of the metrics to the host
   data_workers: int = 0  # Grain worker processes that read and decode batches (0: a thread)
   checkpoint_every: int | None = None  # steps between checkpoints inside an epoch
+  # The outer loop (spardl_jax.diloco): each device trains alone for outer_every steps, then
+  # the method syncs the parameter change and a Nesterov step applies it. 0: every step.
+  outer_every: int = 0
+  outer_lr: float = 0.7
+  outer_momentum: float = 0.9
 
 
 def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:

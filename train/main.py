@@ -87,6 +87,15 @@ def _parse_args(argv):
                  help="tuning defaults of the sparse methods (a variant's own keys win): "
                       "'recommended' converges fastest (docs/models.md), 'paper' is plain "
                       "SparDL (default: %(default)s)")
+  p.add_argument("--outer-every", type=NON_NEGATIVE_INT, default=d.outer_every,
+                 help="sync every H steps in a DiLoCo outer loop: each device trains alone, "
+                      "then the method averages the parameter change and a Nesterov step "
+                      "applies it; a variant's outer=H overrides it (default 0: sync every "
+                      "step)")
+  p.add_argument("--outer-lr", type=POSITIVE_FLOAT, default=d.outer_lr,
+                 help="the outer Nesterov step's rate (default %(default)s, DiLoCo's)")
+  p.add_argument("--outer-momentum", type=NON_NEGATIVE_FLOAT, default=d.outer_momentum,
+                 help="the outer step's Nesterov momentum, in [0, 1) (default %(default)s)")
   p.add_argument("--weight-decay", type=NON_NEGATIVE_FLOAT, default=d.weight_decay, help="AdamW decay")
   p.add_argument("--seed", type=int, default=d.seed)
   p.add_argument("--out", default=d.out, help="directory for metrics and the plot")
@@ -164,8 +173,10 @@ def run(args) -> int:
   if args.describe:
     print(describe(args.model, args.model_size))
     return 0
-  if args.momentum >= 1:
-    raise UsageError(f"--momentum must be in [0, 1), got {args.momentum}.")
+  for flag in ("momentum", "outer_momentum"):
+    if getattr(args, flag) >= 1:
+      raise UsageError(f"--{flag.replace('_', '-')} must be in [0, 1), got "
+                       f"{getattr(args, flag)}.")
   if args.checkpoint_every and not args.checkpoint:
     raise UsageError("--checkpoint-every saves inside an epoch, which needs --checkpoint.")
   variants = _variants(args)
@@ -199,7 +210,11 @@ def run(args) -> int:
   log.info("%s: %d train / %d test examples; %s on %d %s devices; methods: %s", ds.name,
            len(ds.train), len(ds.test), cfg.model, mesh.size,
            mesh.devices.flat[0].platform, ", ".join(v.label for v in variants))
-  if any(methods.is_sparse(v.method) for v in variants):
+  if cfg.outer_every:
+    log.info("outer loop: each device trains alone for %d steps, then the method syncs the "
+             "parameter change for a Nesterov step (lr %g, momentum %g); no recipe applies",
+             cfg.outer_every, cfg.outer_lr, cfg.outer_momentum)
+  elif any(methods.is_sparse(v.method) for v in variants):
     recipe = RECIPES[cfg.recipe][cfg.optimizer]
     log.info("sparse methods use the %r recipe (%s) unless their spec says otherwise%s",
              cfg.recipe, ", ".join(f"{k}={v}" for k, v in recipe.items()) or "no tuning",

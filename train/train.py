@@ -145,6 +145,10 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
 
   ``cfg.lr_schedule='cosine'`` decays the rate to 0 over the run. ``specs`` are the
   parameters' specs on a mesh of several axes (:func:`param_specs`), for the sync.
+
+  With an outer loop (``outer=H``, or ``--outer-every H``) the optimizer runs alone on each
+  device for ``H`` steps, and the sync averages the parameter change for an outer Nesterov
+  step (:func:`spardl_jax.diloco`).
   """
   tuning = variant_tuning(cfg, variant, steps_per_epoch=steps_per_epoch)
   corrected = tuning.momentum is not None
@@ -179,6 +183,10 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
                            momentum=tuning.momentum,
                            momentum_masking=tuning.masking != 0,
                            clip_norm=tuning.clip, param_specs=specs, **options)
+  if tuning.outer:
+    outer = optax.sgd(tuning.outer_lr, momentum=tuning.outer_momentum or None,
+                      nesterov=bool(tuning.outer_momentum))
+    return sj.diloco(opt, sync, every=tuning.outer, outer=outer)
   return optax.chain(sync, opt)
 
 
@@ -192,7 +200,14 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
       without ``momentum``, ``ramp`` for a method without a density), rather than ignore it.
   """
   tuning = variant.tuning
-  if sj.methods.is_sparse(variant.method):  # the recipe fills in the rest
+  every = cfg.outer_every if tuning.outer is None else tuning.outer
+  if every:
+    tuning = tuning.over(Tuning(outer=every, outer_lr=cfg.outer_lr,
+                                outer_momentum=cfg.outer_momentum))
+  elif tuning.outer_lr is not None or tuning.outer_momentum is not None:
+    raise ValueError("outer_lr and outer_momentum (the outer loop's step) need outer=H "
+                     "in the same spec, or --outer-every H.")
+  if sj.methods.is_sparse(variant.method) and not every:  # the recipe fills in the rest
     tuning = tuning.over(recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
                                        steps_per_epoch=steps_per_epoch))
   if tuning.freeze is not None and cfg.optimizer != "adamw":
@@ -285,8 +300,10 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
     losses, metric = _loss_terms(task, out, y)
     return jnp.sum(losses * w) * size / total, (jnp.sum(metric * w), model_state)
 
-  # Varying params keep the gradient local (see the module docstring).
-  local_params = jax.lax.pcast(state.params, axis_name, to="varying")
+  # Varying params keep the gradient local (see the module docstring); in an outer loop
+  # they are this device's replica.
+  local_params = jax.lax.pcast(sj.replica_params(state.opt_state, state.params), axis_name,
+                               to="varying")
   (loss, (metric, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(local_params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -349,7 +366,8 @@ class RunResult(NamedTuple):
       (cumulative wall time of the train steps and their input, the compilation and the
       evaluations left out: what time to accuracy counts), ``residual_norm``.
     num_params: parameters (float entries synchronized per step).
-    bytes_per_step: bytes each device sent per step.
+    bytes_per_step: bytes each device sent per step, the mean over the last epoch (an outer
+      loop's syncs spread over its steps; a dense warm-up over by then).
     time_per_step: median wall seconds of a train step, compilation excluded (see
       :class:`_Loop` for how steps are timed).
     state: the final train state.
@@ -497,6 +515,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   loop = _Loop(variant.label, total=(cfg.epochs - at.epoch + 1) * steps - at.done,
                log_every=cfg.log_every, progress=progress)
   sent = history[-1]["bytes_sent"] if history else 0.0
+  last_bytes = None  # bytes per step over the last epoch run here
   clock = history[-1].get("train_seconds", 0.0) if history else 0.0
   for epoch in range(at.epoch, cfg.epochs + 1):
     resume = epoch == at.epoch and at.done > 0
@@ -522,6 +541,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
     epoch_metrics = loop.fetch(epoch)  # (steps, 3): loss, metric, bytes per step
     clock += time.perf_counter() - epoch_start - (loop.compile_seconds - compiled_before)
     sent += float(epoch_metrics[:, 2].sum())
+    last_bytes = float(epoch_metrics[:, 2].mean())
     test_loss, test_metric = evaluate_model(evaluate, state, ds, mesh, cfg)
     history.append({"epoch": epoch, "steps": epoch * steps,
                     "train_loss": float(epoch_metrics[:, 0].mean()),
@@ -539,7 +559,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   loop.close()
   if mgr:
     mgr.close()
-  bytes_per_step = float(loop.last_bytes) if loop.last_bytes is not None else float(
+  bytes_per_step = last_bytes if last_bytes is not None else float(
       _host(sj.sync_stats(state.opt_state).bytes_sent)[0])
   time_per_step = float(np.median(loop.times)) if loop.times else float("nan")
   return RunResult(variant.label, ds.metric, history, num_params, bytes_per_step,
@@ -578,7 +598,7 @@ class _Loop:
     self.quiet = not progress or not self.logging  # no bar or step lines
     self.step_fn, self.bar = None, None
     self.pending, self.epoch_rows, self.times = [], [], []
-    self.last_bytes, self.interval_start, self.done = None, None, 0
+    self.interval_start, self.done = None, 0
     self.compile_seconds = 0.0
 
   def compile(self, train, state, batch) -> None:
@@ -607,7 +627,6 @@ class _Loop:
     self.times += [(now - self.interval_start) / len(rows)] * len(rows)
     self.interval_start = now
     self.epoch_rows.append(rows)
-    self.last_bytes = rows[-1, 2]
     self.done += len(rows)
     self.pending = []
     if self.bar is not None:

@@ -10,7 +10,10 @@ its own:
   row per device of the mesh, data-major (:mod:`spardl_jax.sync.mesh_axes`);
 * the accumulated gradients of an ``optax.MultiSteps`` that wraps a gradient sync (one-axis
   meshes only): they are local gradients not synchronized yet, stored concatenated along their
-  first axis (a parameter of shape ``(a, b)`` gives a ``(P * a, b)`` global array).
+  first axis (a parameter of shape ``(a, b)`` gives a ``(P * a, b)`` global array);
+* a :class:`~spardl_jax.sync.outer.DiLoCoState`'s per-replica offsets and inner optimizer
+  state: a leading axis over the data axis, the rest as the leaf would be stored alone (a
+  parameter's offset ``(P, *shape)`` with ``PartitionSpec(axis_name, *its spec)``).
 
 The rules are structural, so they are predictable and need no tracing.
 """
@@ -24,6 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from spardl_jax.core import protocol
 from spardl_jax.sync import mesh_axes
+from spardl_jax.sync.outer import DiLoCoState, find_outer, replica_params
 from spardl_jax.sync.transform import SyncState
 
 __all__ = ['fold_rules', 'opt_state_specs', 'opt_state_shardings', 'init_opt_state',
@@ -44,9 +48,19 @@ def _specs(state, rows: PartitionSpec, params: dict | None):
             and jax.tree.structure(node) == params["treedef"]  # type: ignore[operator]
             and [tuple(x.shape) for x in jax.tree.leaves(node)] == params["shapes"])
 
+  def per_replica(tree):
+    """Leaves with a leading axis over the data axis (its first axis in ``rows``)."""
+    data = mesh_axes.axes_of(rows[0])[0]
+    alone = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), tree)
+    return jax.tree.map(lambda spec: PartitionSpec(data, *spec), _specs(alone, rows, params),
+                        is_leaf=lambda x: isinstance(x, PartitionSpec))
+
   def spec(node):
     if isinstance(node, SyncState):
       return jax.tree.map(lambda _: rows, node)
+    if isinstance(node, DiLoCoState):
+      return DiLoCoState(PartitionSpec(), per_replica(node.offset), per_replica(node.inner),
+                         _specs(node.sync, rows, params), _specs(node.outer, rows, params))
     if like_params(node):
       return jax.tree.unflatten(params["treedef"], params["specs"])
     if isinstance(node, optax.MultiStepsState) and _contains_sync(node.inner_opt_state):
@@ -76,7 +90,7 @@ def _specs(state, rows: PartitionSpec, params: dict | None):
     return PartitionSpec()
 
   return jax.tree.map(spec, state, is_leaf=lambda x: isinstance(
-      x, (SyncState, optax.MultiStepsState)) or like_params(x))
+      x, (SyncState, DiLoCoState, optax.MultiStepsState)) or like_params(x))
 
 
 # optax's own state type whose per-device leaves are ours to fold.
@@ -301,7 +315,13 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
                         if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
 
   def local(params, opt_state, batch):
-    out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(params, *batch)
+    if local_axis is not None and find_outer(opt_state) is not None:
+      raise ValueError(f"data_parallel_step: an outer loop (spardl_jax.diloco) runs one "
+                       f"replica per device of {axis_name!r}; with local_axis="
+                       f"{local_axis!r} the devices of a host would drift apart. Drop "
+                       f"local_axis.")
+    at = replica_params(opt_state, params)  # an outer loop's replica; else params
+    out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(at, *batch)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, agreed(out)
 

@@ -254,3 +254,52 @@ def test_a_failure_while_rebuilding_leaves_the_checkpoint_in_place(tmp_path, mon
   with pytest.raises(RuntimeError, match="a bug in the fold"):
     restore(tmp_path, devices=2)
   assert (tmp_path / "1").is_dir() and not (tmp_path / "unreadable").exists()
+
+
+def test_an_outer_loop_restores_onto_another_replica_count(tmp_path):
+  """A DiLoCo state saved one inner step into a round on 4 devices, restored onto 2: every
+  replica gets the mean offset (so the mean pseudo-gradient of the next outer step is
+  unchanged), the inner momentum's mean likewise, the residual's total is kept, and the
+  outer state and step count carry over."""
+  import optax
+
+  import spardl_jax as sj
+
+  tx = sj.diloco(optax.sgd(0.1, momentum=0.9), sj.spardl(density=0.3), every=2)
+
+  def build(devices):
+    mesh = make_mesh(devices)
+    params = jax.device_put(jnp.zeros((12,)), NamedSharding(mesh, P()))
+    return mesh, params, sj.init_opt_state(tx, params, mesh)
+
+  mesh, params, opt = build(4)
+  specs = sj.opt_state_specs(tx, params, mesh)
+
+  def step(params, grads, opt):
+    updates, opt = tx.update(grads[0], opt, params)
+    return optax.apply_updates(params, updates), opt
+
+  run = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data"), specs),
+                              out_specs=(P(), specs), check_vma=False))
+  rng = np.random.default_rng(0)
+  for _ in range(3):  # an outer step, then one inner step
+    params, opt = run(params, jax.device_put(rng.standard_normal((4, 12)).astype(np.float32),
+                                             NamedSharding(mesh, P("data"))), opt)
+  saved = jax.tree.map(np.asarray, opt)
+  assert saved.offset.any() and saved.sync.method_state.residual.any()
+  mgr = checkpoint.manager(tmp_path)
+  checkpoint.save(mgr, 3, {"params": params, "opt": opt}, [{"epoch": 1}])
+  mgr.close()
+  _, like_params, like_opt = build(2)
+  mgr = checkpoint.manager(tmp_path)
+  _, state, _ = checkpoint.restore_latest(mgr, {"params": like_params, "opt": like_opt})
+  mgr.close()
+  got = jax.tree.map(np.asarray, state["opt"])
+  np.testing.assert_array_equal(np.asarray(state["params"]), np.asarray(params))
+  for new, old in ((got.offset, saved.offset), (got.inner[0].trace, saved.inner[0].trace)):
+    np.testing.assert_allclose(new, np.repeat(old.mean(0, keepdims=True), 2, axis=0),
+                               rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(got.sync.method_state.residual.sum(0),
+                             saved.sync.method_state.residual.sum(0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(got.outer[0].trace, saved.outer[0].trace)
+  assert int(got.count) == 3

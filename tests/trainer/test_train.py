@@ -137,6 +137,35 @@ def test_resume_mid_epoch_is_bit_identical(digits, tmp_path):
   assert measured(resumed.history) == measured(whole.history)
 
 
+def test_resume_inside_an_outer_round_is_bit_identical(digits, tmp_path):
+  """An outer loop of 3 steps (SparDL at 10 %, int4 values) checkpointed every 4 steps: the
+  step-16 checkpoint lies one step into a round, with every device's offset and inner
+  momentum in it; resumed from there, state and history equal an uninterrupted run's."""
+  from train import checkpoint
+
+  cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=4, epochs=2,
+                    batch_size=64, steps_per_epoch=10, checkpoint_every=4)
+  mesh = make_mesh(4)
+  variant = Variant("spardl:outer=3", "spardl", {"density": 0.1, "wire": "int4"},
+                    Tuning(outer=3))
+  whole = train_and_evaluate(cfg, variant, digits, mesh, progress=False)
+  outer = whole.state.opt_state
+  assert isinstance(outer, sj.DiLoCoState) and int(outer.count) == 20
+  offsets = [np.asarray(leaf) for leaf in jax.tree.leaves(outer.offset)]
+  assert all(o.shape[0] == 4 and o.any() for o in offsets)  # 20 = 6 rounds and 2 steps
+  assert np.any(np.asarray(outer.sync.method_state.residual))
+  ckpt = str(tmp_path / "ckpt")
+  train_and_evaluate(cfg, variant, digits, mesh, progress=False, checkpoint_dir=ckpt)
+  mgr = checkpoint.manager(ckpt)
+  mgr.delete(20)
+  mgr.close()
+  resumed = train_and_evaluate(cfg, variant, digits, mesh, progress=False, checkpoint_dir=ckpt)
+  for a, b in zip(jax.tree.leaves(whole.state), jax.tree.leaves(resumed.state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert measured(resumed.history) == measured(whole.history)
+  assert 0 < whole.bytes_per_step < resumed.history[-1]["bytes_sent"]
+
+
 def test_restore_onto_other_device_counts_keeps_residual_and_velocity_mass(digits, tmp_path):
   """8 -> 4 -> 6 devices with a dense warm-up and momentum correction: params carry over
   exactly, the residual and velocity totals and the sync's step count are kept, the h
@@ -263,6 +292,12 @@ def test_redistribution_rules():
     (["--lr", "nan"], "argument --lr: must be > 0.0 and finite, got nan"),
     (["--devices", "0"], "argument --devices: must be >= 1, got 0"),
     (["--momentum", "1"], "--momentum must be in [0, 1), got 1.0."),
+    (["--outer-momentum", "1"], "--outer-momentum must be in [0, 1), got 1.0."),
+    (["--outer-every", "-1"], "argument --outer-every: must be >= 0, got -1"),
+    (["--compare", "spardl:outer_lr=0.5"], "outer_lr and outer_momentum (the outer loop's "
+                                           "step) need outer=H"),
+    (["--compare", "spardl:wire=int3"], "wire must be one of ('exact', 'compact', 'int8', "
+                                        "'int4', 'int2'), got 'int3'"),
     (["--compare", "dense,nosuch"], "method spec 'nosuch': the method must be one of"),
     (["--compare", "dense,spardl:density=0"], "--compare 'spardl:density=0': SparDLConfig: "
                                                "density must be in (0, 1]"),

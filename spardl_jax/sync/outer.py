@@ -1,0 +1,203 @@
+"""Syncing rarely: a DiLoCo-style outer loop whose pseudo-gradient goes through a sync.
+
+Every replica (device of the data axis) runs ``every`` inner optimizer steps on its own
+gradients with no communication; then the replicas' parameter changes (the pseudo-gradient)
+are averaged by a gradient sync (:func:`spardl_jax.sync_gradients`: SparDL, dense, or any
+registered method, its residual carrying what it did not send to the next round) and an
+outer optimizer applies the average (DiLoCo: Nesterov SGD, lr 0.7, momentum 0.9).
+
+The parameters the train step holds are the **global** ones (the anchor of the round,
+identical on every device, what a checkpoint saves and what evaluation sees); each replica's
+drift from them lives in the state, per device, and :func:`replica_params` adds it for the
+gradient. The returned update is zero on inner steps and the outer step on the last, so the
+parameters after an outer step are bit-identical on every device by construction.
+
+References:
+  Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models",
+  arXiv 2311.08105. Sarfi et al., "SparseLoCo", arXiv 2508.15706 (top-k of the
+  pseudo-gradient with low-bit values and error feedback).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from spardl_jax.core import protocol
+from spardl_jax.sync.transform import SyncState
+
+__all__ = ['DiLoCoState', 'diloco', 'find_outer', 'replica_params']
+
+
+@protocol.folds(offset=protocol.MEAN, inner=protocol.MEAN)
+class DiLoCoState(NamedTuple):
+  """State of :func:`diloco`.
+
+  Attributes:
+    count: () int32, inner steps taken (the same on every device).
+    offset: this replica's parameters minus the global ones, shaped like the parameters
+      with a leading device axis (``(1, ...)`` on a device, ``(P, ...)`` globally); zero
+      right after an outer step. A restore onto another replica count gives every replica
+      the mean, so the mean pseudo-gradient the next outer step syncs is unchanged.
+    inner: the inner optimizer's state, per replica (a leading device axis on every leaf).
+    sync: the sync's :class:`~spardl_jax.SyncState` (its residual is the error feedback of
+      the pseudo-gradient).
+    outer: the outer optimizer's state (the same on every device).
+  """
+
+  count: jax.Array  # type: ignore[assignment]  # a field named count shadows tuple.count
+  offset: Any
+  inner: Any
+  sync: Any
+  outer: Any
+
+
+def _check(every, inner, sync, outer) -> None:
+  if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
+    raise ValueError(f"diloco: every (inner steps per outer step) must be a positive int, "
+                     f"got {every!r}.")
+  for name, tx in (("inner", inner), ("sync", sync), ("outer", outer)):
+    if not isinstance(tx, optax.GradientTransformation):
+      raise TypeError(f"diloco: {name} must be an optax.GradientTransformation, got "
+                      f"{type(tx).__name__}.")
+
+
+def _find_sync(state) -> list:
+  return [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, SyncState))
+          if isinstance(s, SyncState)]
+
+
+def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformation, *,
+           every: int, outer: optax.GradientTransformation | None = None
+           ) -> optax.GradientTransformation:
+  """An outer loop: ``every`` local steps of ``inner`` per replica, then the mean change
+  through ``sync`` and one step of ``outer``.
+
+  ``update(grads, state, params)`` runs inside the data-parallel ``jax.shard_map`` with
+  ``params`` the global parameters and ``grads`` this device's gradient **at**
+  ``replica_params(state, params)``. On inner steps it returns zeros (the global parameters
+  stay) and moves this replica's offset by ``inner``'s update; a replica whose gradient is
+  not finite skips its own inner step (no collective runs there, so deciding per device is
+  safe). On every ``every``-th step the pseudo-gradient ``-offset`` (the global parameters
+  minus the replica's, DiLoCo's sign) is averaged by ``sync``, ``outer`` turns the mean into
+  the update every device returns, and the offsets restart at zero. Only that step
+  communicates (a ``lax.cond`` on the step count, which every device agrees on).
+
+  With ``every=1``, ``inner=optax.sgd(lr)``, ``outer=optax.sgd(1.0)`` and a sync at density
+  1 this is per-step sync training with ``optax.sgd(lr)``, to float32 rounding.
+
+  Example (DiLoCo with a SparDL outer sync at 2 %, 2-bit values; ``docs/design.md``,
+  "Outer loop"):
+
+    >>> import jax, jax.numpy as jnp, optax, spardl_jax as sj
+    >>> mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])
+    >>> tx = sj.diloco(optax.adamw(1e-3), sj.spardl(density=0.02, wire="int2"), every=30)
+    >>> state = sj.init_opt_state(tx, {"w": jnp.zeros((100, 10))}, mesh)
+    >>> state.offset["w"].shape, state.sync.method_state.residual.shape
+    ((8, 100, 10), (8, 1000))
+
+  Args:
+    inner: the optimizer of the inner steps (any optax transformation without a sync).
+    sync: the pseudo-gradient's sync (:func:`spardl_jax.spardl`,
+      :func:`spardl_jax.sync_gradients`), over the data axis.
+    every: inner steps per outer step (DiLoCo's ``H``), a positive int.
+    outer: the outer optimizer; default DiLoCo's ``optax.sgd(0.7, momentum=0.9,
+      nesterov=True)``.
+
+  Returns:
+    An ``optax.GradientTransformation`` whose state is a :class:`DiLoCoState`.
+  """
+  outer = optax.sgd(0.7, momentum=0.9, nesterov=True) if outer is None else outer
+  _check(every, inner, sync, outer)
+
+  def init_fn(params):
+    sync_state = sync.init(params)
+    found = _find_sync(sync_state)
+    if len(found) != 1 or found[0] is not sync_state:
+      raise ValueError("diloco: sync must be a gradient sync (spardl_jax.spardl, "
+                       "spardl_jax.sync_gradients), not a chain; it averages the "
+                       "pseudo-gradient over the data axis.")
+    inner_state = inner.init(params)
+    if _find_sync(inner_state):
+      raise ValueError("diloco: inner holds a gradient sync; the inner steps run on each "
+                       "replica alone. Pass the sync as sync=, and the optimizer alone as "
+                       "inner=.")
+    lead = sync_state.count.shape[0]  # 1 inside shard_map, P outside
+
+    def per_device(a):
+      a = jnp.asarray(a)
+      return jnp.broadcast_to(a[None], (lead, *a.shape))
+
+    return DiLoCoState(jnp.zeros((), jnp.int32),
+                       jax.tree.map(lambda p: jnp.zeros((lead, *jnp.shape(p)), jnp.result_type(p)),
+                                    params),
+                       jax.tree.map(per_device, inner_state), sync_state, outer.init(params))
+
+  def update_fn(grads, state, params=None):
+    if not isinstance(state, DiLoCoState):
+      raise TypeError(f"diloco: state must be the DiLoCoState from init, got "
+                      f"{type(state).__name__}.")
+    if params is None:
+      raise ValueError("diloco: update needs params (the global parameters): "
+                       "tx.update(grads, state, params).")
+    offset = jax.tree.map(lambda a: a[0], state.offset)
+    inner_state = jax.tree.map(lambda a: a[0], state.inner)
+    local = optax.apply_updates(params, offset)
+    step, new_inner = inner.update(grads, inner_state, local)
+    finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)
+                                  if jnp.issubdtype(g.dtype, jnp.inexact)]))
+    new_inner = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_inner,
+                             inner_state)
+    offset = jax.tree.map(lambda o, s: jnp.where(finite, o + s, o).astype(o.dtype), offset,
+                          step)
+
+    def outer_step(offset, sync_state, outer_state):
+      pseudo = jax.tree.map(jnp.negative, offset)
+      mean, sync_state = sync.update(pseudo, sync_state, params)
+      update, outer_state = outer.update(mean, outer_state, params)
+      return update, jax.tree.map(jnp.zeros_like, offset), sync_state, outer_state
+
+    def inner_step(offset, sync_state, outer_state):
+      # The stats say what this step sent: nothing.
+      stats = sync_state.stats._replace(bytes_sent=jnp.zeros_like(sync_state.stats.bytes_sent))
+      return (jax.tree.map(jnp.zeros_like, params), offset, sync_state._replace(stats=stats),
+              outer_state)
+
+    last = (state.count + 1) % every == 0
+    update, offset, sync_state, outer_state = jax.lax.cond(
+        last, outer_step, inner_step, offset, state.sync, state.outer)
+    return update, DiLoCoState(state.count + 1, jax.tree.map(lambda a: a[None], offset),
+                               jax.tree.map(lambda a: a[None], new_inner), sync_state,
+                               outer_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def replica_params(opt_state, params):
+  """This replica's parameters, ``params`` plus its :class:`DiLoCoState` offset, inside the
+  data-parallel ``shard_map`` (the point the gradient is taken at); ``params`` unchanged
+  when ``opt_state`` holds no outer loop.
+
+  """
+  found = find_outer(opt_state)
+  if found is None:
+    return params
+  return optax.apply_updates(params, jax.tree.map(lambda a: a[0], found.offset))
+
+
+def find_outer(opt_state) -> DiLoCoState | None:
+  """The :class:`DiLoCoState` inside an optimizer state, or None.
+
+  Raises:
+    ValueError: if it holds several.
+  """
+  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, DiLoCoState))
+           if isinstance(s, DiLoCoState)]
+  if len(found) > 1:
+    raise ValueError(f"spardl_jax: the optimizer state holds {len(found)} outer loops "
+                     f"(diloco); nest none in another.")
+  return found[0] if found else None
