@@ -144,8 +144,9 @@ def run_rates(args) -> None:
         job(seed, rate, host=f"{netbench.SUBNET}.1", prefix=netbench.in_namespace(namespaces))
 
 
-def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, int]:
-  """Each method's rounds per sync of the case's gradient (the sparse level's formula)."""
+def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, float]:
+  """Each method's rounds per step of the case's gradient (the sparse level's formula; an
+  outer loop's ``outer=H`` syncs once every ``H`` steps)."""
   import jax
 
   from models import MODELS, create
@@ -160,7 +161,8 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, int]:
   for spec in specs:
     variant = parse_variant(spec, density=0.01, teams=1, sag="auto", residuals="global")
     method = methods.make(variant.method, **variant.options).for_leaves(shapes)
-    rounds[spec] = int(method.formula(p=p, n=n, itemsize=4).rounds)
+    rounds[spec] = int(method.formula(p=p, n=n, itemsize=4).rounds) / (
+        variant.tuning.outer or 1)
   return rounds
 
 
@@ -285,7 +287,7 @@ def format_table(rows: list[dict], summary: list[dict], args) -> str:
             f"{'-' if t is None else f'{t / best:.2f}'} | {r['steps_to_target'] or '-'} | "
             f"{'-' if t is None else f'{latency:.1f}'} | "
             f"{r['final_accuracy']:.3f} | {r['bytes_per_device'] / 1e6:,.1f} | "
-            f"{r['seconds_per_step']:.3f} | {r['rounds_per_step']} |")
+            f"{r['seconds_per_step']:.3f} | {r['rounds_per_step']:g} |")
   return "\n".join(lines)
 
 

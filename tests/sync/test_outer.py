@@ -195,3 +195,43 @@ def test_a_sync_in_the_wrong_place_is_refused():
     tx = sj.diloco(optax.sgd(0.1), sj.spardl(axis_size=2), every=2)
     state = tx.init(params)
     tx.update(params, state)
+
+
+def test_a_nonfinite_gradient_skips_only_that_replicas_inner_step():
+  """A NaN in one device's gradient on an inner step: that replica's offset and momentum
+  stay, the others move; the outer step after it is finite and the same on every device."""
+  p = 4
+  tx = sj.diloco(optax.sgd(0.1, momentum=0.9), sj.spardl(density=0.5), every=2)
+  params = jnp.zeros((N,), jnp.float32)
+  mesh = harness.mesh(p)
+  specs = sj.opt_state_specs(tx, params, mesh)
+
+  def local(params, state, c):
+    updates, state = tx.update(c[0], state, params)
+    return optax.apply_updates(params, updates)[None], state
+
+  step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), specs, P(AXIS)),
+                               out_specs=(P(AXIS), specs), check_vma=False))
+  state = sj.init_opt_state(tx, params, mesh)
+  c = harness.gradients(np.random.default_rng(3), p, N)
+  c[2, 4] = np.nan
+  _, state = step(params, state, harness.put_rows(p, c))
+  offset = np.asarray(state.offset)
+  assert not offset[2].any() and not np.asarray(state.inner[0].trace)[2].any()
+  assert all(offset[i].any() for i in (0, 1, 3))
+  copies, state = step(params, state, harness.put_rows(p, np.ones((p, N), np.float32)))
+  copies = np.asarray(copies)
+  assert np.isfinite(copies).all() and copies.any()
+  np.testing.assert_array_equal(copies, np.broadcast_to(copies[0], copies.shape))
+
+
+def test_a_hierarchical_sync_is_refused_in_an_outer_loop():
+  mesh = jax.make_mesh((2, 2), ("host", "local"), devices=jax.devices()[:4])
+  tx = sj.diloco(optax.sgd(0.1), sj.spardl(axis_name="host", local_axis="local"), every=2)
+  params = jnp.zeros((N,))
+  state = sj.init_opt_state(tx, params, mesh, axis_name="host")
+  step = sj.data_parallel_step(lambda w, x: jnp.sum(x @ w), tx, mesh, axis_name="host",
+                               local_axis="local")
+  x = jax.device_put(jnp.ones((4, N)), jax.sharding.NamedSharding(mesh, P(("host", "local"))))
+  with pytest.raises(ValueError, match="one replica per device of 'host'.*Drop local_axis"):
+    step(params, state, x)
