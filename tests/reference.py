@@ -32,19 +32,28 @@ QUANTIZED = {"int8": 8, "int4": 4, "int2": 2}
 
 
 def quantized(v, bits):
-  """Each row of ``v`` as ``bits``-bit integers times the least power of two ``2^e`` with
-  ``(2^(bits-1) - 1) 2^e >= max |row|`` (``e`` in [-126, 127]), rounded half to even."""
+  """Each row of ``v`` as ``bits``-bit integers times a power of two ``2^e`` (``e`` in
+  [-126, 127]), rounded half to even and clipped to ``±(2^(bits-1) - 1)``: for int8 and int4
+  the least ``e`` with ``(2^(bits-1) - 1) 2^e >= max |row|``; for int2 the greatest with
+  ``2^e <= max |row|`` (its largest values clip to ``±2^e``)."""
   qmax = 2 ** (bits - 1) - 1
   out = np.zeros_like(v)
   for i, row in enumerate(v.reshape(-1, v.shape[-1]).astype(np.float64)):
     top = np.abs(row).max()
     if top == 0:
       continue
-    e = int(np.ceil(np.log2(top / qmax)))
-    while qmax * 2.0 ** (e - 1) >= top:
-      e -= 1
-    while qmax * 2.0 ** e < top:
-      e += 1
+    if bits == 2:
+      e = int(np.floor(np.log2(top)))
+      while 2.0 ** e > top:
+        e -= 1
+      while 2.0 ** (e + 1) <= top:
+        e += 1
+    else:
+      e = int(np.ceil(np.log2(top / qmax)))
+      while qmax * 2.0 ** (e - 1) >= top:
+        e -= 1
+      while qmax * 2.0 ** e < top:
+        e += 1
     e = min(max(e, -126), 127)
     out.reshape(-1, v.shape[-1])[i] = np.clip(np.round(row / 2.0 ** e), -qmax, qmax) * 2.0 ** e
   return out

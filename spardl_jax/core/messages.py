@@ -14,13 +14,15 @@ program). Offsets inside a block are ascending, and empty slots (offset
   bits, and the last count is the number of filled slots, so empty slots need no marker:
   ``L * (4 kb + segments * count_bytes)`` bytes.
 * ``int8``, ``int4``, ``int2``: the compact format's offsets and counts, and per block the
-  values as ``b``-bit signed integers ``q`` times one power-of-two scale ``2^e`` (the shared
-  exponent of the OCP microscaling formats; one int16 word). ``e`` is the least exponent
-  with ``(2^(b-1) - 1) 2^e >= max |v|`` over the block, so ``|q| <= 2^(b-1) - 1`` (int2's
-  values are ``-2^e``, ``0`` and ``2^e``). A power of two makes ``q 2^e`` exact and a
-  second rounding of rounded values a no-op, so a subset of a block (B-SAG's top-``h``) or
-  an agreed sum that is sent again keeps its bits. ``L * (2 kb + 2 ceil(kb b / 16) + 2 +
-  segments * count_bytes)`` bytes.
+  values as ``b``-bit signed integers ``q``, ``|q| <= 2^(b-1) - 1``, times one power-of-two
+  scale ``2^e`` (the shared exponent of the OCP microscaling formats; one int16 word). For
+  int8 and int4 ``e`` is the least exponent with ``(2^(b-1) - 1) 2^e >= max |v|`` over the
+  block; int2's values are ``-2^e``, ``0`` and ``2^e`` with ``2^e`` in ``(max |v| / 2,
+  max |v|]``, so its largest values clip to the scale rather than overshoot (a scale at or
+  above the maximum sent fewer values, up to twice too large, and diverged in training). A
+  power of two makes ``q 2^e`` exact and a second rounding of rounded values a no-op, so a
+  subset of a block (B-SAG's top-``h``) or an agreed sum that is sent again keeps its bits.
+  ``L * (2 kb + 2 ceil(kb b / 16) + 2 + segments * count_bytes)`` bytes.
 
 The sender rounds the values; the rounding error is the sender's to keep (``docs/design.md``,
 "Wire format").
@@ -143,9 +145,13 @@ class Wire:
     qmax = 2 ** (self.bits - 1) - 1
     v = values.astype(jnp.float32)
     top = jnp.max(jnp.abs(v), axis=-1, keepdims=True)
-    _, e = jnp.frexp(top)  # top <= 2^e
-    low = e - (qmax.bit_length() - 1) - 1  # the least exponent with qmax 2^low >= top, or +1
-    e = jnp.clip(jnp.where(qmax * _pow2(low) >= top, low, low + 1), *_EXPONENTS)
+    _, e = jnp.frexp(top)  # 2^(e-1) <= top < 2^e
+    if self.bits == 2:  # 2^e in (top / 2, top]: every value above half of it is sent
+      e = e - 1
+    else:  # the least exponent with qmax 2^e >= top (low, or low + 1)
+      low = e - (qmax.bit_length() - 1) - 1
+      e = jnp.where(qmax * _pow2(low) >= top, low, low + 1)
+    e = jnp.clip(e, *_EXPONENTS)
     q = jnp.clip(jnp.round(v * _pow2(-e)), -qmax, qmax).astype(jnp.int32)
     finite = jnp.isfinite(top)
     return jnp.where(finite, q, 0), jnp.where(finite, e, _NONFINITE).astype(jnp.int16)[..., 0]
