@@ -5,13 +5,20 @@ Usage::
 
   python -m train.convergence --out docs/convergence       # every case and variant, seeds 0,1
   python -m train.convergence --cases mnist1d_cnn1d --variants dense,paper,recipe --seeds 0
+  python -m train.convergence --cases mnist1d_cnn1d --variants outer --outer-every 30  # DiLoCo
+  python -m train.convergence --report DIR --target 0.98 --out DIR98  # another target
 
 Each case trains one model on one offline dataset on 8 simulated devices, once per variant
-and seed, on the same data order and initialization. The target is 95 % of dense's final
-test metric (mean over the seeds); for each variant the table gives the steps to reach it
+and seed, on the same data order and initialization. The target is ``--target`` (95 %) of
+dense's final test metric (mean over the seeds); for each variant the table gives the steps to reach it
 (tests run at every epoch's end), the ratio to dense's, the final metric and the bytes each
 device sent up to the target. ``--out`` gets ``results.json``, ``results.md`` and
 ``convergence.png`` (test metric against steps and against bytes, one row per case).
+
+``--variants outer`` compares syncing rarely (:func:`spardl_jax.diloco`, every
+``--outer-every`` steps, the outer step ``--outer-lr``/``--outer-momentum``) with a dense
+float32, a dense bfloat16 and a SparDL outer sync (``--outer-density``, ``--outer-wire``)
+against dense and SparDL's recipe every step.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import sys
 
 import numpy as np
 
-from train.config import POSITIVE_INT, RECIPES, TrainConfig, Tuning, Variant, recipe_tuning
+from spardl_jax.core.config import WIRE_FORMATS
+from train.config import (NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, RECIPES,
+                          TrainConfig, Tuning, Variant, recipe_tuning)
 
 CASES: dict[str, TrainConfig] = {
     "mnist1d_cnn1d": TrainConfig(model="cnn1d", dataset="mnist1d", epochs=30),
@@ -49,9 +58,18 @@ DENSE_TUNED = {"mnist1d_cnn1d": {"lr": 0.1}, "digits_resnet20": {"opt_momentum":
                "shakespeare_lstm": {"opt_momentum": 0.5}, "shakespeare_bert": {"freeze": 200}}
 
 
-def variants(case: str, steps_per_epoch: int) -> dict[str, Variant]:
-  """The variants of one case by key: dense, the paper's SparDL, each technique alone and
-  the recommended recipe (tuning from :data:`train.config.RECIPES`)."""
+# The outer loop's defaults (--outer-*): DiLoCo's lr with half its momentum, which the main
+# job needs with SGD and momentum inside (docs/outer.md); SparseLoCo-like sparse values.
+OUTER = Tuning(outer=30, outer_lr=0.7, outer_momentum=0.5)
+OUTER_DENSITY, OUTER_WIRE = 0.03, "int4"
+
+
+def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
+             outer_density: float = OUTER_DENSITY,
+             outer_wire: str = OUTER_WIRE) -> dict[str, Variant]:
+  """The variants of one case by key: dense, the paper's SparDL, each technique alone, the
+  recommended recipe (tuning from :data:`train.config.RECIPES`), and the outer loops
+  (``outer``: their ``H`` and outer step) with a dense, a bfloat16 and a SparDL outer sync."""
   cfg = CASES[case]
   adam = cfg.optimizer == "adamw"
 
@@ -79,11 +97,18 @@ def variants(case: str, steps_per_epoch: int) -> dict[str, Variant]:
       "recipe": sparse("recipe: " + ", ".join(f"{k}={v}" for k, v in recipe.given().items()),
                        recipe),
       "compact": sparse("recipe, compact wire", recipe, wire="compact"),
+      "diloco": Variant(f"DiLoCo H={outer.outer}, dense outer", "dense", {}, outer),
+      "diloco_bf16": Variant(f"DiLoCo H={outer.outer}, bfloat16 outer", "dense_bf16", {},
+                             outer),
+      "sparseloco": Variant(f"DiLoCo H={outer.outer}, SparDL {outer_density:g} {outer_wire} "
+                            f"outer", "spardl", {"density": outer_density, "wire": outer_wire},
+                            outer),
   }
 
 
 VARIANT_KEYS = ("dense", "dense_tuned", "paper", "warmup", "ramp", "correction", "clip",
                 "recipe", "compact")
+OUTER_KEYS = ("recipe", "diloco", "diloco_bf16", "sparseloco")
 
 
 def _parse_args(argv):
@@ -91,8 +116,19 @@ def _parse_args(argv):
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--cases", default="all", help=f"comma list of {', '.join(CASES)} or all")
   p.add_argument("--variants", default="all",
-                 help=f"comma list of {', '.join(VARIANT_KEYS)} or all (dense always runs: "
-                      "it sets the target)")
+                 help=f"comma list of {', '.join(VARIANT_KEYS + OUTER_KEYS[1:])}, all (the "
+                      f"per-step ones) or outer ({', '.join(OUTER_KEYS)}); dense always runs: "
+                      "it sets the target")
+  p.add_argument("--target", type=POSITIVE_FLOAT, default=0.95,
+                 help="the target, a fraction of dense's final test metric (default 0.95)")
+  p.add_argument("--outer-every", type=POSITIVE_INT, default=OUTER.outer,
+                 help="the outer loops' H (default %(default)s)")
+  p.add_argument("--outer-lr", type=POSITIVE_FLOAT, default=OUTER.outer_lr)
+  p.add_argument("--outer-momentum", type=NON_NEGATIVE_FLOAT, default=OUTER.outer_momentum)
+  p.add_argument("--outer-density", type=POSITIVE_FLOAT, default=OUTER_DENSITY,
+                 help="the SparDL outer sync's density (default %(default)s)")
+  p.add_argument("--outer-wire", default=OUTER_WIRE, choices=WIRE_FORMATS,
+                 help="the SparDL outer sync's wire (default %(default)s)")
   p.add_argument("--seeds", default="0,1", help="comma list of seeds")
   p.add_argument("--devices", type=POSITIVE_INT, default=8,
                  help="simulated devices; must divide every chosen case's batch size")
@@ -105,10 +141,16 @@ def _parse_args(argv):
   for c in args.cases:
     if c not in CASES:
       p.error(f"--cases: unknown {c!r}; choose from {', '.join(CASES)}")
-  keys = list(VARIANT_KEYS) if args.variants == "all" else args.variants.split(",")
+  groups = {"all": list(VARIANT_KEYS), "outer": list(OUTER_KEYS)}
+  keys = groups.get(args.variants) or args.variants.split(",")
+  known = VARIANT_KEYS + OUTER_KEYS[1:]
   for k in keys:
-    if k not in VARIANT_KEYS:
-      p.error(f"--variants: unknown {k!r}; choose from {', '.join(VARIANT_KEYS)}")
+    if k not in known:
+      p.error(f"--variants: unknown {k!r}; choose from {', '.join(known)}, all or outer")
+  if not args.target <= 1:
+    p.error(f"--target: a fraction of dense's final metric in (0, 1], got {args.target}")
+  if args.outer_momentum >= 1:
+    p.error(f"--outer-momentum must be in [0, 1), got {args.outer_momentum}")
   args.variants = ["dense"] + [k for k in keys if k != "dense"]
   try:
     args.seeds = [int(s) for s in args.seeds.split(",")]
@@ -141,26 +183,30 @@ def read_report(directory: str) -> dict:
   return saved
 
 
-def steps_to(history: list[dict], metric: str, target: float, steps_per_epoch: int):
-  """``(steps, bytes)`` at the first epoch end whose test metric reaches ``target``, or
-  ``(None, None)``."""
-  for h in history:
-    if h[f"test_{metric}"] >= target:
-      return h["epoch"] * steps_per_epoch, h["bytes_sent"]
-  return None, None
-
-
-def summarize(case: str, runs: dict[str, list], steps_per_epoch: int) -> list[dict]:
-  """One row per variant: steps and bytes to the target (95 % of dense's mean final test
-  metric), their ratios to dense's, and the final metric; means over the seeds (a seed
+def summarize(case: str, runs: dict[str, list], steps_per_epoch: int,
+              fraction: float = 0.95) -> list[dict]:
+  """One row per variant: steps and bytes to the target (``fraction`` of dense's mean final
+  test metric), their ratios to dense's, and the final metric; means over the seeds (a seed
   that never reaches the target makes the mean missing)."""
   metric = runs["dense"][0].metric
-  final = lambda r: r.history[-1][f"test_{metric}"]  # noqa: E731
-  target = 0.95 * float(np.mean([final(r) for r in runs["dense"]]))
+  return rows_at(case, {key: {
+      "variant": results[0].variant, "metric": metric,
+      "bytes_per_step": results[0].bytes_per_step,
+      "curves": [[(h["epoch"] * steps_per_epoch, h["bytes_sent"], h[f"test_{metric}"])
+                  for h in r.history] for r in results]} for key, results in runs.items()},
+      fraction)
+
+
+def rows_at(case: str, runs: dict[str, dict], fraction: float) -> list[dict]:
+  """:func:`summarize`'s rows from each variant's ``curves`` (per seed, ``(steps, bytes,
+  test metric)`` at each epoch's end), so a report can take another target."""
+  final = lambda curve: curve[-1][2]  # noqa: E731
+  target = fraction * float(np.mean([final(c) for c in runs["dense"]["curves"]]))
   dense_steps = dense_bytes = None
   rows = []
-  for key, results in runs.items():
-    reached = [steps_to(r.history, metric, target, steps_per_epoch) for r in results]
+  for key, run in runs.items():
+    reached = [next(((s, b) for s, b, m in curve if m >= target), (None, None))
+               for curve in run["curves"]]
     steps = [s for s, _ in reached]
     sent = [b for _, b in reached]
     mean_steps = None if None in steps else float(np.mean(steps))
@@ -168,14 +214,12 @@ def summarize(case: str, runs: dict[str, list], steps_per_epoch: int) -> list[di
     if key == "dense":
       dense_steps, dense_bytes = mean_steps, mean_bytes
     rows.append({
-        "case": case, "key": key, "variant": results[0].variant, "metric": metric,
-        "target": target, "steps": steps, "mean_steps": mean_steps,
+        "case": case, "key": key, "variant": run["variant"], "metric": run["metric"],
+        "target": target, "fraction": fraction, "steps": steps, "mean_steps": mean_steps,
         "steps_ratio": mean_steps / dense_steps if mean_steps and dense_steps else None,
-        "final": [final(r) for r in results], "bytes_to_target": mean_bytes,
+        "final": [final(c) for c in run["curves"]], "bytes_to_target": mean_bytes,
         "bytes_ratio": mean_bytes / dense_bytes if mean_bytes and dense_bytes else None,
-        "bytes_per_step": results[0].bytes_per_step,
-        "curves": [[(h["epoch"] * steps_per_epoch, h["bytes_sent"], h[f"test_{metric}"])
-                    for h in r.history] for r in results]})
+        "bytes_per_step": run["bytes_per_step"], "curves": run["curves"]})
   # Against the faster of dense and tuned dense, too: the same tuning effort on both sides.
   best = min((r["mean_steps"] for r in rows if r["key"] in ("dense", "dense_tuned")
               and r["mean_steps"]), default=None)
@@ -186,7 +230,10 @@ def summarize(case: str, runs: dict[str, list], steps_per_epoch: int) -> list[di
 
 def format_table(rows: list[dict]) -> str:
   """The Markdown table of :func:`summarize`'s rows."""
-  lines = ["| case | variant | steps to target (per seed) | × dense | × best dense | final "
+  fractions = sorted({r.get("fraction", 0.95) for r in rows})
+  lines = [f"Target: {', '.join(f'{f:.0%}' for f in fractions)} of dense's final test metric "
+           f"(mean over the seeds).", "",
+           "| case | variant | steps to target (per seed) | × dense | × best dense | final "
            "test metric (per seed) | bytes to target | × dense |",
            "|---|---|---:|---:|---:|---|---:|---:|"]
   fmt = lambda v, spec: "never" if v is None else format(v, spec)  # noqa: E731
@@ -257,7 +304,10 @@ def run(args) -> int:
     rows, meta = [], {}
     for directory in args.report.split(","):
       saved = read_report(directory)
-      rows += saved.pop("rows")
+      for case in dict.fromkeys(r["case"] for r in saved["rows"]):
+        rows += rows_at(case, {r["key"]: r for r in saved["rows"] if r["case"] == case},
+                        args.target)
+      del saved["rows"]
       meta = saved
     print(write(args.out, rows, meta))
     return 0
@@ -278,7 +328,9 @@ def run(args) -> int:
       datasets[case, seed] = data.load(cfg.dataset, data_request(cfg))
     ds = datasets[case, seed]
     steps = input_pipeline.steps_per_epoch(ds.train, cfg.batch_size, cfg.steps_per_epoch)
-    case_variants = variants(case, steps)
+    case_variants = variants(case, steps, outer=Tuning(
+        outer=args.outer_every, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum),
+        outer_density=args.outer_density, outer_wire=args.outer_wire)
     variant = case_variants[key]
     recipe = case_variants["recipe"]
     if (key not in ("recipe", "dense_tuned") and "recipe" in args.variants
@@ -287,7 +339,8 @@ def run(args) -> int:
     result = train_and_evaluate(cfg, variant, ds, mesh, progress=False)
     results.setdefault(case, {"steps": steps, "runs": {}})["runs"].setdefault(
         key, []).append(result)
-  rows = [row for case, r in results.items() for row in summarize(case, r["runs"], r["steps"])]
+  rows = [row for case, r in results.items()
+          for row in summarize(case, r["runs"], r["steps"], args.target)]
   print(write(args.out, rows, {"devices": args.devices, "seeds": args.seeds,
                                "density": DENSITY, "recipes": RECIPES}))
   return 0

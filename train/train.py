@@ -366,8 +366,8 @@ class RunResult(NamedTuple):
       (cumulative wall time of the train steps and their input, the compilation and the
       evaluations left out: what time to accuracy counts), ``residual_norm``.
     num_params: parameters (float entries synchronized per step).
-    bytes_per_step: bytes each device sent per step, the mean over the last epoch (an outer
-      loop's syncs spread over its steps; a dense warm-up over by then).
+    bytes_per_step: bytes each device sent per step, the mean over the run (an outer loop's
+      syncs spread over its steps; a dense warm-up counted).
     time_per_step: median wall seconds of a train step, compilation excluded (see
       :class:`_Loop` for how steps are timed).
     state: the final train state.
@@ -515,7 +515,6 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   loop = _Loop(variant.label, total=(cfg.epochs - at.epoch + 1) * steps - at.done,
                log_every=cfg.log_every, progress=progress)
   sent = history[-1]["bytes_sent"] if history else 0.0
-  last_bytes = None  # bytes per step over the last epoch run here
   clock = history[-1].get("train_seconds", 0.0) if history else 0.0
   for epoch in range(at.epoch, cfg.epochs + 1):
     resume = epoch == at.epoch and at.done > 0
@@ -541,7 +540,6 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
     epoch_metrics = loop.fetch(epoch)  # (steps, 3): loss, metric, bytes per step
     clock += time.perf_counter() - epoch_start - (loop.compile_seconds - compiled_before)
     sent += float(epoch_metrics[:, 2].sum())
-    last_bytes = float(epoch_metrics[:, 2].mean())
     test_loss, test_metric = evaluate_model(evaluate, state, ds, mesh, cfg)
     history.append({"epoch": epoch, "steps": epoch * steps,
                     "train_loss": float(epoch_metrics[:, 0].mean()),
@@ -559,8 +557,8 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   loop.close()
   if mgr:
     mgr.close()
-  bytes_per_step = last_bytes if last_bytes is not None else float(
-      _host(sj.sync_stats(state.opt_state).bytes_sent)[0])
+  bytes_per_step = (history[-1]["bytes_sent"] / history[-1]["steps"] if history else
+                    float(_host(sj.sync_stats(state.opt_state).bytes_sent)[0]))
   time_per_step = float(np.median(loop.times)) if loop.times else float("nan")
   return RunResult(variant.label, ds.metric, history, num_params, bytes_per_step,
                    time_per_step, state)
