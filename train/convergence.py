@@ -58,9 +58,10 @@ DENSE_TUNED = {"mnist1d_cnn1d": {"lr": 0.1}, "digits_resnet20": {"opt_momentum":
                "shakespeare_lstm": {"opt_momentum": 0.5}, "shakespeare_bert": {"freeze": 200}}
 
 
-# The outer loop's defaults (--outer-*): DiLoCo's lr with half its momentum, which the main
-# job needs with SGD and momentum inside (docs/outer.md); SparseLoCo-like sparse values.
-OUTER = Tuning(outer=30, outer_lr=0.7, outer_momentum=0.5)
+# The outer loop's defaults (--outer-*): the trainer's outer step; a SparDL outer sync at
+# 3 % with int4 values, the best of 1 %/3 %/10 % and int2/int4/compact at H = 30 on the
+# main job (docs/outer.md).
+OUTER = Tuning(outer=30, outer_lr=TrainConfig.outer_lr, outer_momentum=TrainConfig.outer_momentum)
 OUTER_DENSITY, OUTER_WIRE = 0.03, "int4"
 
 

@@ -95,7 +95,8 @@ def _parse_args(argv):
   p.add_argument("--outer-lr", type=POSITIVE_FLOAT, default=d.outer_lr,
                  help="the outer Nesterov step's rate (default %(default)s, DiLoCo's)")
   p.add_argument("--outer-momentum", type=NON_NEGATIVE_FLOAT, default=d.outer_momentum,
-                 help="the outer step's Nesterov momentum, in [0, 1) (default %(default)s)")
+                 help="the outer step's Nesterov momentum, in [0, 1) (default %(default)s; "
+                      "DiLoCo's 0.9 diverged on the main job, docs/outer.md)")
   p.add_argument("--weight-decay", type=NON_NEGATIVE_FLOAT, default=d.weight_decay, help="AdamW decay")
   p.add_argument("--seed", type=int, default=d.seed)
   p.add_argument("--out", default=d.out, help="directory for metrics and the plot")

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The outer-loop measurements of docs/outer.md (8 simulated CPU devices, one process).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+for h in 10 30 100; do
+  python -m train.convergence --cases mnist1d_cnn1d --variants outer --outer-every "$h" \
+      --seeds 0,1 --out "docs/outer/mnist1d_h$h"
+done
+for case in shakespeare_lstm shakespeare_bert; do
+  python -m train.convergence --cases "$case" --variants outer --outer-every 30 --seeds 0 \
+      --out "docs/outer/${case#shakespeare_}_h30"
+done
