@@ -15,6 +15,7 @@ dense's final test metric (mean over the seeds); for each variant the table give
 device sent up to the target. ``--out`` gets ``results.json``, ``results.md`` and
 ``convergence.png`` (test metric against steps and against bytes, one row per case).
 
+``--variants wire`` runs the recipe with each wire format (compact, int8, int4, int2);
 ``--variants outer`` compares syncing rarely (:func:`spardl_jax.diloco`, every
 ``--outer-every`` steps, the outer step ``--outer-lr``/``--outer-momentum``) with a dense
 float32, a dense bfloat16 and a SparDL outer sync (``--outer-density``, ``--outer-wire``)
@@ -98,6 +99,7 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
       "recipe": sparse("recipe: " + ", ".join(f"{k}={v}" for k, v in recipe.given().items()),
                        recipe),
       "compact": sparse("recipe, compact wire", recipe, wire="compact"),
+      **{wire: sparse(f"recipe, {wire} wire", recipe, wire=wire) for wire in LOW_BIT},
       "diloco": Variant(f"DiLoCo H={outer.outer}, dense outer", "dense", {}, outer),
       "diloco_bf16": Variant(f"DiLoCo H={outer.outer}, bfloat16 outer", "dense_bf16", {},
                              outer),
@@ -110,6 +112,10 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
 VARIANT_KEYS = ("dense", "dense_tuned", "paper", "warmup", "ramp", "correction", "clip",
                 "recipe", "compact")
 OUTER_KEYS = ("recipe", "diloco", "diloco_bf16", "sparseloco")
+LOW_BIT = ("int8", "int4", "int2")
+WIRE_KEYS = ("recipe", "compact", *LOW_BIT)
+GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS}
+KNOWN = tuple(dict.fromkeys(VARIANT_KEYS + OUTER_KEYS + WIRE_KEYS))
 
 
 def _parse_args(argv):
@@ -117,9 +123,9 @@ def _parse_args(argv):
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--cases", default="all", help=f"comma list of {', '.join(CASES)} or all")
   p.add_argument("--variants", default="all",
-                 help=f"comma list of {', '.join(VARIANT_KEYS + OUTER_KEYS[1:])}, all (the "
-                      f"per-step ones) or outer ({', '.join(OUTER_KEYS)}); dense always runs: "
-                      "it sets the target")
+                 help=f"comma list of {', '.join(KNOWN)}, or a group: all ("
+                      f"{', '.join(VARIANT_KEYS)}), outer ({', '.join(OUTER_KEYS)}) or wire "
+                      f"({', '.join(WIRE_KEYS)}); dense always runs: it sets the target")
   p.add_argument("--target", type=POSITIVE_FLOAT, default=0.95,
                  help="the target, a fraction of dense's final test metric (default 0.95)")
   p.add_argument("--outer-every", type=POSITIVE_INT, default=OUTER.outer,
@@ -142,12 +148,11 @@ def _parse_args(argv):
   for c in args.cases:
     if c not in CASES:
       p.error(f"--cases: unknown {c!r}; choose from {', '.join(CASES)}")
-  groups = {"all": list(VARIANT_KEYS), "outer": list(OUTER_KEYS)}
-  keys = groups.get(args.variants) or args.variants.split(",")
-  known = VARIANT_KEYS + OUTER_KEYS[1:]
+  keys = list(GROUPS.get(args.variants, args.variants.split(",")))
   for k in keys:
-    if k not in known:
-      p.error(f"--variants: unknown {k!r}; choose from {', '.join(known)}, all or outer")
+    if k not in KNOWN:
+      p.error(f"--variants: unknown {k!r}; choose from {', '.join(KNOWN)}, or a group: "
+              f"{', '.join(GROUPS)}")
   if not args.target <= 1:
     p.error(f"--target: a fraction of dense's final metric in (0, 1], got {args.target}")
   if args.outer_momentum >= 1:

@@ -10,3 +10,5 @@ for case in shakespeare_lstm shakespeare_bert; do
   python -m train.convergence --cases "$case" --variants outer --outer-every 30 --seeds 0 \
       --out "docs/outer/${case#shakespeare_}_h30"
 done
+python -m train.convergence --cases mnist1d_cnn1d --variants wire --seeds 0,1 \
+    --out docs/outer/mnist1d_wire
