@@ -55,3 +55,10 @@ def test_bad_flags_are_named():
     time_to_accuracy.main(["--targets", "0.9,1.5"])
   with pytest.raises(SystemExit):
     time_to_accuracy.main(["--seeds", "0,x"])
+
+
+def test_an_outer_loop_is_charged_its_rounds_once_every_h_steps():
+  """The modeled latency: a method's rounds per sync (the ring's 2 (P - 1) at P = 4), over
+  H steps for an outer loop."""
+  rounds = time_to_accuracy.rounds_per_step(["dense", "dense:outer=10"], 4, "tiny")
+  assert rounds == {"dense": 6, "dense:outer=10": 0.6}
