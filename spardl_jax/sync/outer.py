@@ -85,17 +85,20 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
   safe). On every ``every``-th step the pseudo-gradient ``-offset`` (the global parameters
   minus the replica's, DiLoCo's sign) is averaged by ``sync``, ``outer`` turns the mean into
   the update every device returns, and the offsets restart at zero. Only that step
-  communicates (a ``lax.cond`` on the step count, which every device agrees on).
+  communicates (a ``lax.cond`` on the step count, which every device agrees on). If the
+  sync skips a non-finite pseudo-gradient (its ``nonfinite='skip'``), that round is dropped
+  on every replica: the mean is zero and the offsets restart; the residual is kept.
 
   With ``every=1``, ``inner=optax.sgd(lr)``, ``outer=optax.sgd(1.0)`` and a sync at density
   1 this is per-step sync training with ``optax.sgd(lr)``, to float32 rounding.
 
-  Example (DiLoCo with a SparDL outer sync at 2 %, 2-bit values; ``docs/design.md``,
-  "Outer loop"):
+  Example (DiLoCo with a SparDL outer sync at 3 %, 4-bit values; ``docs/design.md``,
+  "Outer loop"; ``docs/outer.md`` measures it):
 
     >>> import jax, jax.numpy as jnp, optax, spardl_jax as sj
     >>> mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])
-    >>> tx = sj.diloco(optax.adamw(1e-3), sj.spardl(density=0.02, wire="int2"), every=30)
+    >>> tx = sj.diloco(optax.sgd(0.05, momentum=0.9), sj.spardl(density=0.03, wire="int4"),
+    ...                every=30, outer=optax.sgd(0.7, momentum=0.5, nesterov=True))
     >>> state = sj.init_opt_state(tx, {"w": jnp.zeros((100, 10))}, mesh)
     >>> state.offset["w"].shape, state.sync.method_state.residual.shape
     ((8, 100, 10), (8, 1000))
@@ -132,10 +135,10 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
       a = jnp.asarray(a)
       return jnp.broadcast_to(a[None], (lead, *a.shape))
 
-    return DiLoCoState(jnp.zeros((), jnp.int32),
-                       jax.tree.map(lambda p: jnp.zeros((lead, *jnp.shape(p)), jnp.result_type(p)),
-                                    params),
-                       jax.tree.map(per_device, inner_state), sync_state, outer.init(params))
+    offset = jax.tree.map(lambda p: jnp.zeros((lead, *jnp.shape(p)), jnp.result_type(p)),
+                          params)
+    return DiLoCoState(jnp.zeros((), jnp.int32), offset, jax.tree.map(per_device, inner_state),
+                       sync_state, outer.init(params))
 
   def update_fn(grads, state, params=None):
     if not isinstance(state, DiLoCoState):
@@ -180,9 +183,7 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
 def replica_params(opt_state, params):
   """This replica's parameters, ``params`` plus its :class:`DiLoCoState` offset, inside the
   data-parallel ``shard_map`` (the point the gradient is taken at); ``params`` unchanged
-  when ``opt_state`` holds no outer loop.
-
-  """
+  when ``opt_state`` holds no outer loop."""
   found = find_outer(opt_state)
   if found is None:
     return params

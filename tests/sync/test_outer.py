@@ -235,3 +235,31 @@ def test_a_hierarchical_sync_is_refused_in_an_outer_loop():
   x = jax.device_put(jnp.ones((4, N)), jax.sharding.NamedSharding(mesh, P(("host", "local"))))
   with pytest.raises(ValueError, match="one replica per device of 'host'.*Drop local_axis"):
     step(params, state, x)
+
+
+def test_a_skipped_outer_sync_drops_the_round_and_keeps_the_residual():
+  """An inner optimizer that overflows to inf on one replica: the outer sync's agreed guard
+  skips, every device returns a zero update, the offsets restart and the residual stays."""
+  p = 2
+  tx = sj.diloco(optax.scale(1e38), sj.spardl(density=0.5), every=1, outer=optax.sgd(1.0))
+  params = jnp.zeros((N,), jnp.float32)
+  mesh = harness.mesh(p)
+  specs = sj.opt_state_specs(tx, params, mesh)
+
+  def local(params, state, c):
+    updates, state = tx.update(c[0], state, params)
+    return optax.apply_updates(params, updates)[None], state
+
+  step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), specs, P(AXIS)),
+                               out_specs=(P(AXIS), specs), check_vma=False))
+  state = sj.init_opt_state(tx, params, mesh)
+  _, state = step(params, state, harness.put_rows(p, np.full((p, N), 1e-37, np.float32)))
+  before = np.asarray(state.sync.method_state.residual)
+  assert before.any()
+  c = np.full((p, N), 1e-37, np.float32)
+  c[1] = 10.0  # 1e39: inf on replica 1
+  copies, state = step(params, state, harness.put_rows(p, c))
+  np.testing.assert_array_equal(np.asarray(copies), 0.0)
+  assert not np.asarray(state.offset).any()
+  np.testing.assert_array_equal(np.asarray(state.sync.method_state.residual), before)
+  assert int(np.asarray(sj.sync_stats(state).nonfinite)[0]) == 1
