@@ -10,9 +10,9 @@ Usage::
 
 Each case trains one model on one offline dataset on 8 simulated devices, once per variant
 and seed, on the same data order and initialization. The target is ``--target`` (95 %) of
-dense's final test metric (mean over the seeds); for each variant the table gives the steps to reach it
-(tests run at every epoch's end), the ratio to dense's, the final metric and the bytes each
-device sent up to the target. ``--out`` gets ``results.json``, ``results.md`` and
+dense's final test metric (mean over the seeds); for each variant the table gives the steps
+to reach it (tests run at every epoch's end), the ratio to dense's, the final metric and the
+bytes each device sent up to the target. ``--out`` gets ``results.json``, ``results.md`` and
 ``convergence.png`` (test metric against steps and against bytes, one row per case).
 
 ``--variants wire`` runs the recipe with each wire format (compact, int8, int4, int2);

@@ -333,8 +333,9 @@ def scatter_result(offsets: jax.Array, values: jax.Array, frame: BlockFrame, *, 
   return y, in_result
 
 
-def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult, own_error: jax.Array | None,
-                     in_result: jax.Array | None, frame: BlockFrame) -> jax.Array:
+def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult,
+                     own_error: jax.Array | None, in_result: jax.Array | None,
+                     frame: BlockFrame) -> jax.Array:
   """Residual collection in the flat block buffer: GRES with ``in_result``, LRES without.
 
   ``own_error`` is the rounding error of the worker's own selection, in the order of
