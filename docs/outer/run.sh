@@ -12,3 +12,5 @@ for case in shakespeare_lstm shakespeare_bert; do
 done
 python -m train.convergence --cases mnist1d_cnn1d --variants wire --seeds 0,1 \
     --out docs/outer/mnist1d_wire
+python -m train.convergence --cases shakespeare_bert --variants diloco,sparseloco \
+    --outer-every 30 --outer-momentum 0.9 --seeds 0 --out docs/outer/bert_h30_m09
