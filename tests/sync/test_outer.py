@@ -114,15 +114,10 @@ def test_matches_numpy_diloco_for_three_outer_rounds(method):
                                rtol=2e-5, atol=2e-6)
 
 
-def test_sparse_outer_sync_conserves_the_pseudo_gradient():
-  """A loss linear in the parameters makes each replica's pseudo-gradient known in advance
-  (minus its summed gradients); with the outer step ``-mean`` the residuals and the mean
-  account for every bit of it, round after round, at 2-bit values, and only outer steps
-  send bytes."""
-  p, every, density = 4, 2, 0.3
-  rng = np.random.default_rng(2)
-  tx = sj.diloco(optax.identity(), sj.spardl(density=density, wire="int2"), every=every,
-                 outer=optax.sgd(1.0))
+def linear_step(tx, p):
+  """``(step, state)`` for a loss linear in the parameters: each device's gradient is its
+  row of ``c``, whatever the parameters; ``step(params, state, c)`` returns every device's
+  copy of the new parameters ``(P, N)``."""
   params = jnp.zeros((N,), jnp.float32)
   mesh = harness.mesh(p)
   specs = sj.opt_state_specs(tx, params, mesh)
@@ -133,7 +128,20 @@ def test_sparse_outer_sync_conserves_the_pseudo_gradient():
 
   step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), specs, P(AXIS)),
                                out_specs=(P(AXIS), specs), check_vma=False))
-  state = sj.init_opt_state(tx, params, mesh)
+  return step, sj.init_opt_state(tx, params, mesh)
+
+
+def test_sparse_outer_sync_conserves_the_pseudo_gradient():
+  """A loss linear in the parameters makes each replica's pseudo-gradient known in advance
+  (minus its summed gradients); with the outer step ``-mean`` the residuals and the mean
+  account for every bit of it, round after round, at 2-bit values, and only outer steps
+  send bytes."""
+  p, every, density = 4, 2, 0.3
+  rng = np.random.default_rng(2)
+  tx = sj.diloco(optax.identity(), sj.spardl(density=density, wire="int2"), every=every,
+                 outer=optax.sgd(1.0))
+  step, state = linear_step(tx, p)
+  params = jnp.zeros((N,), jnp.float32)
   residual = np.zeros((p, N), np.float32)
   for _ in range(3):
     cs = [harness.gradients(rng, p, N) for _ in range(every)]
@@ -202,17 +210,8 @@ def test_a_nonfinite_gradient_skips_only_that_replicas_inner_step():
   stay, the others move; the outer step after it is finite and the same on every device."""
   p = 4
   tx = sj.diloco(optax.sgd(0.1, momentum=0.9), sj.spardl(density=0.5), every=2)
+  step, state = linear_step(tx, p)
   params = jnp.zeros((N,), jnp.float32)
-  mesh = harness.mesh(p)
-  specs = sj.opt_state_specs(tx, params, mesh)
-
-  def local(params, state, c):
-    updates, state = tx.update(c[0], state, params)
-    return optax.apply_updates(params, updates)[None], state
-
-  step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), specs, P(AXIS)),
-                               out_specs=(P(AXIS), specs), check_vma=False))
-  state = sj.init_opt_state(tx, params, mesh)
   c = harness.gradients(np.random.default_rng(3), p, N)
   c[2, 4] = np.nan
   _, state = step(params, state, harness.put_rows(p, c))
@@ -242,17 +241,8 @@ def test_a_skipped_outer_sync_drops_the_round_and_keeps_the_residual():
   skips, every device returns a zero update, the offsets restart and the residual stays."""
   p = 2
   tx = sj.diloco(optax.scale(1e38), sj.spardl(density=0.5), every=1, outer=optax.sgd(1.0))
+  step, state = linear_step(tx, p)
   params = jnp.zeros((N,), jnp.float32)
-  mesh = harness.mesh(p)
-  specs = sj.opt_state_specs(tx, params, mesh)
-
-  def local(params, state, c):
-    updates, state = tx.update(c[0], state, params)
-    return optax.apply_updates(params, updates)[None], state
-
-  step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), specs, P(AXIS)),
-                               out_specs=(P(AXIS), specs), check_vma=False))
-  state = sj.init_opt_state(tx, params, mesh)
   _, state = step(params, state, harness.put_rows(p, np.full((p, N), 1e-37, np.float32)))
   before = np.asarray(state.sync.method_state.residual)
   assert before.any()
