@@ -28,15 +28,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 from spardl_jax.core import protocol
 from spardl_jax.sync import mesh_axes
 from spardl_jax.sync.outer import DiLoCoState, find_outer, replica_params
-from spardl_jax.sync.transform import SyncState
+from spardl_jax.sync.transform import SyncState, states_in
 
 __all__ = ['fold_rules', 'opt_state_specs', 'opt_state_shardings', 'init_opt_state',
            'data_parallel_step', 'sync_state_filter']
 
 
 def _contains_sync(tree) -> bool:
-  return any(isinstance(x, SyncState)
-             for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, SyncState)))
+  return bool(states_in(tree, SyncState))
 
 
 def _specs(state, rows: PartitionSpec, params: dict | None):

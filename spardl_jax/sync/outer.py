@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from spardl_jax.core import protocol
-from spardl_jax.sync.transform import SyncState
+from spardl_jax.sync.transform import SyncState, states_in
 
 __all__ = ['DiLoCoState', 'diloco', 'find_outer', 'replica_params']
 
@@ -64,11 +64,6 @@ def _check(every, inner, sync, outer) -> None:
     if not isinstance(tx, optax.GradientTransformation):
       raise TypeError(f"diloco: {name} must be an optax.GradientTransformation, got "
                       f"{type(tx).__name__}.")
-
-
-def _find_sync(state) -> list:
-  return [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, SyncState))
-          if isinstance(s, SyncState)]
 
 
 def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformation, *,
@@ -119,13 +114,13 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
 
   def init_fn(params):
     sync_state = sync.init(params)
-    found = _find_sync(sync_state)
+    found = states_in(sync_state, SyncState)
     if len(found) != 1 or found[0] is not sync_state:
       raise ValueError("diloco: sync must be a gradient sync (spardl_jax.spardl, "
                        "spardl_jax.sync_gradients), not a chain; it averages the "
                        "pseudo-gradient over the data axis.")
     inner_state = inner.init(params)
-    if _find_sync(inner_state):
+    if states_in(inner_state, SyncState):
       raise ValueError("diloco: inner holds a gradient sync; the inner steps run on each "
                        "replica alone. Pass the sync as sync=, and the optimizer alone as "
                        "inner=.")
@@ -196,8 +191,7 @@ def find_outer(opt_state) -> DiLoCoState | None:
   Raises:
     ValueError: if it holds several.
   """
-  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, DiLoCoState))
-           if isinstance(s, DiLoCoState)]
+  found = states_in(opt_state, DiLoCoState)
   if len(found) > 1:
     raise ValueError(f"spardl_jax: the optimizer state holds {len(found)} outer loops "
                      f"(diloco); nest none in another.")

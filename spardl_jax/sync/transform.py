@@ -78,6 +78,12 @@ class SyncState(NamedTuple):
   stats: SyncStats
 
 
+def states_in(tree, cls: type) -> list:
+  """The nodes of type ``cls`` (a state NamedTuple) inside ``tree``, in tree order."""
+  return [node for node in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, cls))
+          if isinstance(node, cls)]
+
+
 def _float_leaves(tree) -> tuple[list, Any]:
   leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
   if not leaves:
@@ -625,8 +631,7 @@ def sync_stats(opt_state) -> SyncStats:
   Raises:
     ValueError: if the state holds no or several :class:`SyncState`.
   """
-  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, SyncState))
-           if isinstance(s, SyncState)]
+  found = states_in(opt_state, SyncState)
   if len(found) != 1:
     raise ValueError(f"sync_stats: expected one SyncState in the optimizer state, found "
                      f"{len(found)}.")
