@@ -188,7 +188,8 @@ class Wire:
     words = jnp.sum(fields << shifts, axis=-1).astype(jnp.uint16)  # disjoint bits: a sum
     return jnp.concatenate([words, _to_words(e[:, None], jnp.uint16)], axis=1)
 
-  def _value_word_count(self, slots: int) -> int:
+  def _value_word_count(self, slots):
+    """uint16 words of a compact block's ``slots`` values (an int or a traced scalar)."""
     if not self.bits:
       return slots
     return -(-slots * self.bits // 16) + 1  # and the exponent
@@ -247,9 +248,7 @@ class Wire:
     if not self.compact:
       return slots * (4 + value_bytes)
     counts = segments(self.span) * count_dtype(self.kb).itemsize
-    if not self.bits:
-      return 4 * slots + counts
-    return 2 * slots + 2 * (-(-slots * self.bits // 16)) + 2 + counts
+    return 2 * slots + 2 * self._value_word_count(slots) + counts
 
 
 EXACT = Wire()
