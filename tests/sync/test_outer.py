@@ -16,22 +16,34 @@ AXIS = harness.AXIS
 N = 7  # one parameter vector: w[:6] weights, w[6] the bias
 
 
-def step_fn(tx, p, params):
-  """One train step on P devices: the gradient of each device's least-squares batch at its
-  replica's parameters; returns every device's copy of the new parameters ``(P, N)``."""
+def step_fn(tx, p, grad, batch_args):
+  """``(step, state)``: one train step on P devices, each taking ``grad(replica params,
+  *its batch rows)`` (``batch_args`` arrays, each sharded over the devices);
+  ``step(params, state, *batch)`` returns every device's copy of the new parameters
+  ``(P, N)``."""
+  params = jnp.zeros((N,), jnp.float32)
   mesh = harness.mesh(p)
   specs = sj.opt_state_specs(tx, params, mesh)
 
-  def loss(w, x, y):
-    return jnp.mean((x @ w[:6] + w[6] - y) ** 2)
-
-  def local(params, state, x, y):
-    grads = jax.grad(loss)(sj.replica_params(state, params), x[0], y[0])
+  def local(params, state, *batch):
+    grads = grad(sj.replica_params(state, params), *(rows[0] for rows in batch))
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates)[None], state
 
-  return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), specs, P(AXIS), P(AXIS)),
+  step = jax.jit(jax.shard_map(local, mesh=mesh,
+                               in_specs=(P(), specs) + (P(AXIS),) * batch_args,
                                out_specs=(P(AXIS), specs), check_vma=False))
+  return step, sj.init_opt_state(tx, params, mesh)
+
+
+def least_squares_grad(w, x, y):
+  return jax.grad(lambda w: jnp.mean((x @ w[:6] + w[6] - y) ** 2))(w)
+
+
+def linear_step(tx, p):
+  """:func:`step_fn` for a loss linear in the parameters: each device's gradient is its
+  row of ``c``, whatever the parameters (the gradient of ``<c, w>``)."""
+  return step_fn(tx, p, lambda w, c: c, 1)
 
 
 def numpy_diloco(w, batches, *, every, lr, momentum, outer_lr, outer_momentum, sync):
@@ -63,8 +75,7 @@ def batches_for(rng, p, steps):
 
 def train(tx, p, batches):
   params = jnp.zeros((N,), jnp.float32)
-  state = sj.init_opt_state(tx, params, harness.mesh(p))
-  step = step_fn(tx, p, params)
+  step, state = step_fn(tx, p, least_squares_grad, 2)
   for x, y in batches:
     copies, state = step(params, state, harness.put_rows(p, x), harness.put_rows(p, y))
     copies = np.asarray(copies)
@@ -112,23 +123,6 @@ def test_matches_numpy_diloco_for_three_outer_rounds(method):
   if method == "spardl":
     np.testing.assert_allclose(np.asarray(state.sync.method_state.residual), residuals[0],
                                rtol=2e-5, atol=2e-6)
-
-
-def linear_step(tx, p):
-  """``(step, state)`` for a loss linear in the parameters: each device's gradient is its
-  row of ``c``, whatever the parameters; ``step(params, state, c)`` returns every device's
-  copy of the new parameters ``(P, N)``."""
-  params = jnp.zeros((N,), jnp.float32)
-  mesh = harness.mesh(p)
-  specs = sj.opt_state_specs(tx, params, mesh)
-
-  def local(params, state, c):
-    updates, state = tx.update(c[0], state, params)  # the gradient of <c, w>
-    return optax.apply_updates(params, updates)[None], state
-
-  step = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), specs, P(AXIS)),
-                               out_specs=(P(AXIS), specs), check_vma=False))
-  return step, sj.init_opt_state(tx, params, mesh)
 
 
 def test_sparse_outer_sync_conserves_the_pseudo_gradient():
