@@ -1,8 +1,9 @@
 """PowerSGD: rank-r low-rank gradient compression with error feedback (what users of
 PyTorch DDP pick instead of sparsity).
 
-Each matrix-shaped gradient leaf ``M`` (reshaped to ``(shape[0], prod(shape[1:]))``, plus
-this device's error) is approximated by one step of subspace iteration, warm-started from
+Each gradient leaf of two or more axes is a matrix ``M`` (its axes split where rows + columns
+is least, so a Flax convolution kernel ``(h, w, c_in, c_out)`` becomes ``(h w, c_in c_out)``
+or ``(h w c_in, c_out)``, never ``(h, w c_in c_out)``; plus this device's error) is approximated by one step of subspace iteration, warm-started from
 the last step's ``Q``::
 
   P = M Q;  P <- all-reduce(P);  P <- orthonormal columns of P
@@ -39,7 +40,7 @@ from spardl_jax.baselines.common import check_local
 from spardl_jax.baselines.dense import formula as dense_formula
 from spardl_jax.core import flat, protocol
 
-__all__ = ['PowerSGDConfig', 'PowerSGDState', 'Leaf', 'plan', 'PowerSGD']
+__all__ = ['PowerSGDConfig', 'PowerSGDState', 'Leaf', 'matrix', 'plan', 'PowerSGD']
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -102,12 +103,25 @@ class Leaf(NamedTuple):
     return self.rows * self.cols
 
 
+def matrix(shape) -> tuple[int, int]:
+  """``(rows, cols)`` of a leaf: its leading axes against the rest, split where rows + cols
+  is least (the first such split), which makes rank-r factors smallest. PyTorch's
+  ``(shape[0], -1)`` fits its ``(c_out, c_in, h, w)`` kernels; on Flax's ``(h, w, c_in,
+  c_out)`` it would give a 3-row matrix that no rank-r factors shrink."""
+  size = math.prod(shape)
+  if len(shape) < 2 or not size:
+    return size, 1
+  rows = min((math.prod(shape[:k]) for k in range(1, len(shape))),
+             key=lambda r: r + size // r)
+  return rows, size // rows
+
+
 def plan(shapes, config: PowerSGDConfig) -> list[Leaf]:
   """The leaves of a flat gradient made of ``shapes`` (in order)."""
   leaves, start = [], 0
   for shape in shapes:
     size = math.prod(shape)
-    rows, cols = (shape[0], size // shape[0]) if len(shape) >= 2 and size else (size, 1)
+    rows, cols = matrix(shape)
     rank = min(config.rank, rows, cols)
     compressed = len(shape) >= 2 and rows * cols >= config.min_compression_rate * rank * (
         rows + cols)

@@ -11,7 +11,15 @@ import pytest
 import spardl_jax as sj
 from tests import formulas, harness
 
-SHAPES = ((6, 5), (3, 4, 2), (5,), (20, 12))
+# (3, 3, 4, 6), a Flax convolution kernel, is the matrix (9, 24): of its splits (3, 72),
+# (9, 24) and (36, 6), the one with the fewest rows + columns.
+SHAPES = ((6, 5), (3, 4, 2), (5,), (3, 3, 4, 6), (20, 12))
+
+
+def split(shape):
+  """(rows, cols) of a leaf, by trying every split of its axes."""
+  splits = [(math.prod(shape[:k]), math.prod(shape[k:])) for k in range(1, len(shape))]
+  return min(splits, key=sum) if splits else (math.prod(shape), 1)
 
 
 def numpy_powersgd(xs, rs, qs, shapes, rank, rate):
@@ -21,7 +29,7 @@ def numpy_powersgd(xs, rs, qs, shapes, rank, rate):
   y, new_rs, new_qs, start, i = [], [], [], 0, 0
   for shape in shapes:
     size = math.prod(shape)
-    rows, cols = (shape[0], size // shape[0]) if len(shape) >= 2 else (size, 1)
+    rows, cols = split(shape)
     r = min(rank, rows, cols)
     block = g[:, start:start + size]
     if len(shape) >= 2 and rows * cols >= rate * r * (rows + cols):
@@ -52,7 +60,7 @@ def test_matches_numpy_model_and_conserves_the_error_mass(p):
   m = method(rank=2)
   state = harness.method_rows(p, N, m)
   qs = [np.asarray(q, np.float64)[0] for q in state.qs]
-  assert [q.shape for q in qs] == [(5, 2), (8, 2), (12, 2)]  # (5,) goes dense
+  assert [q.shape for q in qs] == [(5, 2), (8, 2), (24, 2), (12, 2)]  # (5,) goes dense
   rng = np.random.default_rng(p)
   rs = np.zeros((p, N))
   for _ in range(3):  # fed back: the error and the warm-started Q
@@ -68,8 +76,8 @@ def test_matches_numpy_model_and_conserves_the_error_mass(p):
     rs = np.asarray(state.residual, np.float64)
   if p > 1:  # two all-reduces: the P factors with the dense leaf, then the Q factors
     hlo = harness.method_traffic(p, N, m)
-    first = 6 * 2 + 3 * 2 + 20 * 2 + 5
-    second = 5 * 2 + 8 * 2 + 12 * 2
+    first = 6 * 2 + 3 * 2 + 9 * 2 + 20 * 2 + 5
+    second = 5 * 2 + 8 * 2 + 24 * 2 + 12 * 2
     assert not hlo.permutes
     agreement = [c.operands for c in hlo.others if c.elements == 1]
     assert agreement == [operands for _, operands in harness.nonfinite_agreement(m)]
