@@ -1,0 +1,113 @@
+"""Time to accuracy against P (`python -m train.scale`): steps to the target read from run
+files, times the projected step computed by hand from the paper's cost table (SparDL's
+2 log2 P rounds and 4 kb (P - 1) words, the ring's 2 (P - 1) rounds and 2 (P - 1) / P n
+words); "never", lower bounds, the best density and the crossover."""
+
+import json
+
+import pytest
+
+from train import scale
+
+SHAPES = [(1000, 147)]  # n = 147,000
+N = 147_000
+ETHERNET = (50e-6, 8 / 10e9)  # 10 GbE: alpha, beta
+PROJECTION = {"args": {"compute": {"dense": 0.0, "spardl": 2.0, "topka": 1.0}, "step_ms": 4.0,
+                       "links": "10gbe"}}
+
+
+def write_run(folder, p, seed, variants):
+  """A `python -m train` metrics.json: variants = [(label, method, options, accuracies)],
+  one test accuracy per epoch of 10 steps."""
+  folder.mkdir(parents=True)
+  run = {"config": {"devices": p, "seed": seed,
+                    "variants": [{"label": label, "method": method, "options": options}
+                                 for label, method, options, _ in variants]},
+         "runs": [{"metric": "accuracy",
+                   "history": [{"steps": 10 * (i + 1), "test_accuracy": a}
+                               for i, a in enumerate(accuracies)]}
+                  for *_, accuracies in variants]}
+  (folder / "metrics.json").write_text(json.dumps(run))
+
+
+def spardl(p, density):
+  kb = -(-round(density * N) // p)  # the paper's kb = k / P, k = density n
+  alpha, beta = ETHERNET
+  rounds = 2 * (p - 1).bit_length()
+  return 4e-3 + 2e-3 + rounds * alpha + 4 * kb * (p - 1) * 4 * beta  # exact wire: 4-byte words
+
+
+def dense(p):
+  alpha, beta = ETHERNET
+  return 4e-3 + 2 * (p - 1) * alpha + 2 * (p - 1) / p * N * 4 * beta
+
+
+@pytest.fixture
+def runs(tmp_path):
+  exact = {"wire": "exact"}
+  for seed, late in ((0, 0.96), (1, 0.97)):
+    write_run(tmp_path / f"s{seed}_p8", 8, seed, [
+        ("dense", "dense", {}, [0.5, 0.9, 0.95, late]),
+        ("spardl", "spardl", {"density": 0.01, **exact}, [0.4, 0.8, 0.95, 0.96]),
+        ("spardl:density=0.05", "spardl", {"density": 0.05, **exact}, [0.5, 0.95, 0.96, 0.96]),
+        ("topka", "topka", {"density": 0.01}, [0.3, 0.5, 0.6, 0.7])])
+  write_run(tmp_path / "s0_p16", 16, 0, [
+      ("dense", "dense", {}, [0.5, 0.9, 0.95, 0.96]),
+      ("spardl", "spardl", {"density": 0.01, **exact}, [0.4, 0.8, 0.9, 0.95]),
+      ("topka", "topka", {"density": 0.01}, [0.5, 0.95, 0.96, 0.96]),
+      ("gtopk", "gtopk", {"density": 0.01}, [0.5, 0.95, 0.96, 0.96])])
+  # dense again beside another variant: its first run counts, not this one.
+  write_run(tmp_path / "s0_p16_more", 16, 0, [("dense", "dense", {}, [0.1, 0.2, 0.3, 0.99])])
+  return tmp_path
+
+
+def test_steps_to_the_target_per_p(runs):
+  rows = {(r["p"], r["label"]): r for r in scale.steps_table(scale.load_runs([str(runs)]), 0.98)}
+  # P = 8: dense ends at 0.96 and 0.97 (seeds 0, 1): the target is 0.98 * 0.965 = 0.9457.
+  assert rows[8, "dense"]["target"] == pytest.approx(0.98 * 0.965)
+  assert rows[8, "dense"]["steps"] == [30, 30] and rows[8, "spardl"]["steps"] == [30, 30]
+  assert rows[8, "spardl:density=0.05"]["mean_steps"] == 20
+  assert rows[8, "topka"]["steps"] == [None, None] and rows[8, "topka"]["mean_steps"] is None
+  assert rows[16, "dense"]["final"] == [0.96]  # the first run of dense at P = 16
+  assert rows[16, "spardl"]["mean_steps"] == 40 and rows[16, "topka"]["mean_steps"] == 20
+
+
+def test_time_to_target_by_hand_best_density_and_crossover(runs):
+  steps = scale.steps_table(scale.load_runs([str(runs)]), 0.98)
+  times = {(r["p"], r["label"]): r for r in scale.time_rows(steps, PROJECTION, SHAPES)}
+  assert times[8, "dense"]["seconds"] == pytest.approx(30 * dense(8), rel=1e-9)
+  assert times[8, "spardl"]["seconds"] == pytest.approx(30 * spardl(8, 0.01), rel=1e-9)
+  assert times[8, "spardl:density=0.05"]["seconds"] == pytest.approx(20 * spardl(8, 0.05),
+                                                                     rel=1e-9)
+  assert times[16, "spardl"]["seconds"] == pytest.approx(40 * spardl(16, 0.01), rel=1e-9)
+  assert times[8, "topka"]["seconds"] is None
+  assert times[16, "gtopk"]["lower_bound"] and not times[16, "topka"]["lower_bound"]
+  firsts = {f["p"]: f for f in scale.first_rows(list(times.values()))}
+  # P = 8: 5 % reaches the target in 20 steps, 1 % in 30; TopkA never does.
+  assert firsts[8]["best"]["spardl"] == (pytest.approx(20 * spardl(8, 0.05)), 0.05)
+  assert firsts[8]["fixed"]["spardl"][0] == pytest.approx(30 * spardl(8, 0.01))
+  assert firsts[8]["fixed"]["topka"] == (None, 0.01)
+  # At 1 % dense is first (30 steps of 5.5 ms against 30 of 6.3 ms); at 5 % SparDL (20 steps).
+  assert 30 * dense(8) < 30 * spardl(8, 0.01) and 20 * spardl(8, 0.05) < 30 * dense(8)
+  assert firsts[8]["first_fixed"] == "dense" and firsts[8]["first_best"] == "spardl"
+  # P = 16: gTopk without a measured compute is faster, so "first" is only a lower bound.
+  assert firsts[16]["first_best"] == "gtopk (≥)"
+  assert scale.crossover(list(firsts.values()), "best") == {"10gbe": None}
+  assert scale.crossover([firsts[8]], "best") == {"10gbe": 8}
+  assert scale.crossover([firsts[8]], "fixed") == {"10gbe": None}
+
+
+def test_bad_flags(runs, tmp_path, capsys):
+  with pytest.raises(SystemExit):
+    scale.main(["--runs", str(tmp_path / "none"), "--projection", str(tmp_path),
+                "--model", "mlp"])
+  assert "--projection: no projection.json" in capsys.readouterr().err
+  (tmp_path / "projection.json").write_text(json.dumps(PROJECTION))
+  with pytest.raises(SystemExit):
+    scale.main(["--runs", str(tmp_path / "none"), "--projection", str(tmp_path),
+                "--model", "mlp"])
+  assert "--runs: no metrics.json" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    scale.main(["--runs", str(runs), "--projection", str(tmp_path), "--model", "mlp",
+                "--target", "1.5"])
+  assert "--target must be in (0, 1]" in capsys.readouterr().err

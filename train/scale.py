@@ -1,0 +1,268 @@
+"""Time to accuracy against P: the steps each method needs at each P (runs of ``python -m
+train --devices P``) times its projected time per step (``python -m spardl_jax.tools.project``).
+
+Usage::
+
+  python -m train.scale --runs docs/scale/steps/mnist1d --projection docs/scale/vgg16 \\
+      --model vgg16 --target 0.98 --out docs/scale/tta/mnist1d_vgg16
+
+``--runs`` names folders; every ``metrics.json`` under them is one ``python -m train`` run
+(one P, one seed, several variants). At each P the target is ``--target`` of dense's final
+test metric (mean over the seeds at that P); a variant's steps are the mean over seeds of the
+first test (each epoch's end) at or above it, and "never" if a seed never gets there.
+
+The time per step of a variant at P on a link is the projection's model: the model's step
+(``step_ms``) plus the sync's measured compute (``compute``) plus the variant's formula
+(at its own density) on the link, with the projection's ``n``, step and compute figures.
+A method without a measured compute is projected with none: its time is a lower bound,
+marked ``>=``. ``--model`` gives PowerSGD the projected model's matrix shapes (its bytes
+depend on them). Each sparse method is compared twice: at 1 % (the fixed density) and at
+its best density (the one with the least time to the target at that P and link).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+
+from spardl_jax.sync import methods
+from spardl_jax.tools import project
+
+__all__ = ["load_runs", "steps_table", "time_rows", "first_rows", "crossover", "main"]
+
+FIXED_DENSITY = 0.01
+
+
+def load_runs(folders: list[str]) -> dict[int, dict[str, dict]]:
+  """``{P: {label: {"method", "options", "finals": {seed: final}, "curves": {seed: [(steps,
+  metric)]}}}}`` from every ``metrics.json`` under ``folders``; a (P, seed, label) met twice
+  (dense, run again beside other variants) keeps its first run."""
+  paths = sorted(p for folder in folders
+                 for p in glob.glob(os.path.join(folder, "**", "metrics.json"), recursive=True))
+  if not paths:
+    raise ValueError(f"--runs: no metrics.json under {', '.join(folders)}")
+  by_p: dict[int, dict[str, dict]] = {}
+  for path in paths:
+    with open(path) as f:
+      run = json.load(f)
+    cfg = run["config"]
+    p, seed = int(cfg["devices"]), int(cfg["seed"])
+    for variant, result in zip(cfg["variants"], run["runs"]):
+      entry = by_p.setdefault(p, {}).setdefault(
+          variant["label"], {"method": variant["method"], "options": variant["options"],
+                             "curves": {}})
+      metric = f"test_{result['metric']}"
+      entry["curves"].setdefault(seed, [(h["steps"], h[metric]) for h in result["history"]])
+  return by_p
+
+
+def steps_table(by_p: dict[int, dict[str, dict]], fraction: float) -> list[dict]:
+  """One row per (P, label): the target, each seed's steps to it (None: never) and final."""
+  rows = []
+  for p, labels in sorted(by_p.items()):
+    if "dense" not in labels:
+      raise ValueError(f"--runs: no dense run at P = {p}; dense sets the target")
+    target = fraction * float(np.mean([c[-1][1] for c in labels["dense"]["curves"].values()]))
+    for label, entry in labels.items():
+      seeds = sorted(entry["curves"])
+      steps = [next((s for s, m in entry["curves"][seed] if m >= target), None)
+               for seed in seeds]
+      rows.append({"p": p, "label": label, "method": entry["method"],
+                   "options": entry["options"], "target": target, "seeds": seeds,
+                   "steps": steps,
+                   "mean_steps": None if None in steps else float(np.mean(steps)),
+                   "final": [entry["curves"][seed][-1][1] for seed in seeds]})
+  return rows
+
+
+def _bound(method_name: str, options: dict, shapes):
+  method = methods.make(method_name, **options)
+  return method.for_leaves(shapes) if method_name == "powersgd" else method
+
+
+def time_rows(steps: list[dict], projection: dict, shapes) -> list[dict]:
+  """Each steps row on each of the projection's links: seconds to the target."""
+  args = projection["args"]
+  n = sum(int(np.prod(s)) for s in shapes)
+  out = []
+  for row in steps:
+    method = _bound(row["method"], row["options"], shapes)
+    measured = row["method"] in args["compute"]
+    for link in args["links"].split(","):
+      step_s = project.step_seconds(method, p=row["p"], n=n, link=project.LINKS[link],
+                                    compute_s=args["compute"].get(row["method"], 0.0) / 1e3,
+                                    step_s=args["step_ms"] / 1e3)
+      out.append({**row, "link": link, "step_s": step_s, "lower_bound": not measured,
+                  "seconds": None if row["mean_steps"] is None else row["mean_steps"] * step_s})
+  return out
+
+
+def first_rows(times: list[dict]) -> list[dict]:
+  """Per (link, P): each method's seconds at 1 % and at its best density (None: never at the
+  target), and which is first; a method whose time is a lower bound cannot be called first
+  over one that beats it only by that bound, so ``first`` names it with a ``>=``."""
+  out = []
+  links = list(dict.fromkeys(r["link"] for r in times))
+  for link, p in sorted({(r["link"], r["p"]) for r in times},
+                        key=lambda lp: (links.index(lp[0]), lp[1])):
+    here = [r for r in times if r["link"] == link and r["p"] == p]
+    fixed: dict[str, dict] = {}
+    best: dict[str, dict] = {}
+    for r in here:
+      if r["options"].get("density") in (None, FIXED_DENSITY):
+        fixed[r["method"]] = r
+      old = best.get(r["method"])
+      if old is None or (r["seconds"] is not None and (
+          old["seconds"] is None or r["seconds"] < old["seconds"])):
+        best[r["method"]] = r
+    row = {"link": link, "p": p,
+           "lower_bound": sorted({r["method"] for r in here if r["lower_bound"]})}
+    for kind, chosen in (("fixed", fixed), ("best", best)):
+      row[kind] = {m: (r["seconds"], r["options"].get("density")) for m, r in chosen.items()}
+      reached = {m: r for m, r in chosen.items() if r["seconds"] is not None}
+      first = min(reached, key=lambda m: reached[m]["seconds"]) if reached else None
+      row[f"first_{kind}"] = (f"{first} (≥)" if first in row["lower_bound"] else first)
+    out.append(row)
+  return out
+
+
+def crossover(firsts: list[dict], kind: str, method: str = "spardl") -> dict[str, int | None]:
+  """Per link, the least measured P from which ``method`` is first at every larger measured
+  P (None: not first at the largest)."""
+  out: dict[str, int | None] = {}
+  for link in dict.fromkeys(f["link"] for f in firsts):
+    since = None
+    for f in sorted((f for f in firsts if f["link"] == link), key=lambda f: -f["p"]):
+      if f[f"first_{kind}"] != method:
+        break
+      since = f["p"]
+    out[link] = since
+  return out
+
+
+def _model_shapes(name: str):
+  import jax
+
+  from models import registry
+  params = registry.abstract_params(registry.create(name), registry.spec(name).example)
+  return [tuple(leaf.shape) for leaf in jax.tree.leaves(params)]
+
+
+def _fmt(seconds, lower_bound: bool) -> str:
+  if seconds is None:
+    return "never"
+  return f"{'≥' if lower_bound else ''}{seconds:.2f}"
+
+
+def report(steps: list[dict], times: list[dict], firsts: list[dict], *, fraction: float,
+           title: str) -> str:
+  """The Markdown of the three tables: steps, time to target at 1 %, and at the best density."""
+  lines = [f"# Time to {fraction:.0%} of dense's final metric: {title}", "",
+           "## Steps to the target (mean over seeds; per seed in brackets) and final metric", "",
+           "| P | variant | steps | final |", "| --- | --- | --- | --- |"]
+  for r in steps:
+    per_seed = ", ".join("never" if s is None else str(s) for s in r["steps"])
+    mean = "never" if r["mean_steps"] is None else f"{r['mean_steps']:.0f}"
+    final = ", ".join(f"{f:.3f}" for f in r["final"])
+    lines.append(f"| {r['p']} | {r['label']} | {mean} ({per_seed}) | {final} |")
+  lower = sorted({m for f in firsts for m in f["lower_bound"]})
+  note = (f"≥: {', '.join(lower)} projected without a measured sync compute (a lower bound)."
+          if lower else "")
+  for kind, heading in (("fixed", "each sparse method at 1 %"),
+                        ("best", "each sparse method at its best density")):
+    names = list(dict.fromkeys(m for f in firsts for m in f[kind]))
+    lines += ["", f"## Projected seconds to the target, {heading}", "", note, "",
+              "| link | P | " + " | ".join(names) + " | first |",
+              "| --- | --- | " + "--- | " * len(names) + "--- |"]
+    for f in firsts:
+      cells = []
+      for m in names:
+        if m not in f[kind]:
+          cells.append("")  # not run at this P
+          continue
+        seconds, density = f[kind][m]
+        cell = _fmt(seconds, m in f["lower_bound"])
+        shown = kind == "best" and density is not None and seconds is not None
+        cells.append(cell + (f" @{density:.1%}" if shown else ""))
+      lines.append(f"| {f['link']} | {f['p']} | " + " | ".join(cells) +
+                   f" | {f['first_' + kind]} |")
+    since = crossover(firsts, kind)
+    lines += ["", "SparDL first at every measured P from: " + ", ".join(
+        f"{link} {'P = ' + str(p) if p else 'none'}" for link, p in since.items()) + "."]
+  return "\n".join(lines) + "\n"
+
+
+def _plot(firsts: list[dict], path: str, *, title: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  links = list(dict.fromkeys(f["link"] for f in firsts))
+  fig, axes = plt.subplots(1, len(links), figsize=(4.2 * len(links), 3.6), squeeze=False)
+  for ax, link in zip(axes[0], links):
+    here = [f for f in firsts if f["link"] == link]
+    for method in dict.fromkeys(m for f in here for m in f["best"]):
+      pts = [(f["p"], f["best"][method][0]) for f in here
+             if f["best"].get(method, (None,))[0] is not None]
+      ax.plot(*zip(*pts), marker="o", ms=3, label=method)
+    ax.set(xscale="log", yscale="log", xlabel="P (workers)", ylabel="s to target",
+           title=f"{title}, {link}")
+    ax.set_xticks([f["p"] for f in here], [str(f["p"]) for f in here])
+    ax.grid(True, which="both", alpha=0.3)
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m train.scale", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--runs", required=True,
+                      help="comma list of folders holding python -m train runs (metrics.json)")
+  parser.add_argument("--projection", required=True,
+                      help="a python -m spardl_jax.tools.project --out folder (projection.json)")
+  parser.add_argument("--model", required=True,
+                      help="the projected model (its shapes for PowerSGD, its n), e.g. vgg16")
+  parser.add_argument("--target", type=float, default=0.98,
+                      help="fraction of dense's final test metric (default 0.98)")
+  parser.add_argument("--title", default="")
+  parser.add_argument("--out", help="folder for results.json, results.md and tta.png")
+  args = parser.parse_args(argv)
+  if not 0 < args.target <= 1:
+    parser.error(f"--target must be in (0, 1], got {args.target}")
+  path = os.path.join(args.projection, "projection.json")
+  if not os.path.isfile(path):
+    parser.error(f"--projection: no projection.json in {args.projection!r}; write one with "
+                 f"python -m spardl_jax.tools.project --out")
+  with open(path) as f:
+    projection = json.load(f)
+  try:
+    shapes = _model_shapes(args.model)
+    steps = steps_table(load_runs(args.runs.split(",")), args.target)
+  except ValueError as error:
+    parser.error(str(error))
+  times = time_rows(steps, projection, shapes)
+  firsts = first_rows(times)
+  title = args.title or f"{args.model}, {projection['args'].get('title', '')}"
+  text = report(steps, times, firsts, fraction=args.target, title=title)
+  print(text)
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+      f.write(text)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+      json.dump({"args": vars(args), "steps": steps, "times": times, "first": firsts,
+                 "crossover": {kind: crossover(firsts, kind) for kind in ("fixed", "best")}},
+                f, indent=2)
+    _plot(firsts, os.path.join(args.out, "tta.png"), title=title)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
