@@ -37,7 +37,7 @@ from spardl_jax.core import cost as cost_model
 from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G
 
 __all__ = ['Link', 'LINKS', 'TBF_BURST', 'sync_seconds', 'step_seconds', 'project', 'validate',
-           'main']
+           'per_step', 'main']
 
 
 class Link(NamedTuple):
@@ -100,9 +100,11 @@ def project(*, n: int, density: float, compute_ms: dict, step_ms: float, links, 
 
 def validate(results: dict, *, p: int, n: int, density: float,
              burst: float = TBF_BURST) -> list:
-  """Predicted against measured seconds per sync for every shaped rate of a netbench
-  ``results.json`` (``{rate: {method: {"seconds": median, ...}}}`` of ``p`` processes, ``n``
-  entries): the unshaped median is the compute, nothing is fitted."""
+  """Predicted against measured seconds for every shaped rate of a run that also ran
+  unshaped: ``{rate: {method: {"seconds": median, "bytes": optional}}}`` of ``p`` processes,
+  ``n`` entries (a netbench ``results.json`` is one; :func:`per_step` makes one of a
+  time-to-accuracy run). The unshaped time is the compute, nothing is fitted; a timing with
+  ``bytes`` (the run's own bytes per step) is charged those, else the method's formula."""
   if "unshaped" not in results:
     raise ValueError("--validate needs a netbench run with the rate 'unshaped' (--rates "
                      "unshaped,1gbit,100mbit).")
@@ -115,12 +117,29 @@ def validate(results: dict, *, p: int, n: int, density: float,
     bits = float(number[:-1]) * scale[number[-1]] if number[-1] in scale else float(number)
     link = Link(0.0, 8 / bits, burst)
     for label, timing in by_method.items():
-      predicted = sync_seconds(_method(label, density), p=p, n=n, link=link,
-                               compute_s=results["unshaped"][label]["seconds"])
+      unshaped = results["unshaped"][label]["seconds"]
+      if "bytes" in timing:
+        predicted = unshaped + max(0.0, timing["bytes"] - burst) * link.beta
+      else:
+        predicted = sync_seconds(_method(label, density), p=p, n=n, link=link,
+                                 compute_s=unshaped)
       rows.append({"rate": rate, "method": label, "measured_s": timing["seconds"],
-                   "unshaped_s": results["unshaped"][label]["seconds"],
-                   "predicted_s": predicted, "error": predicted / timing["seconds"] - 1})
+                   "unshaped_s": unshaped, "predicted_s": predicted,
+                   "error": predicted / timing["seconds"] - 1})
   return rows
+
+
+def per_step(tta: dict, seed: int) -> dict:
+  """A ``python -m train.time_to_accuracy`` ``results.json`` as :func:`validate`'s input:
+  each method's mean seconds per train step at each rate for ``seed``, with its bytes per
+  step (the run's bytes over its steps)."""
+  steps = tta["args"]["epochs"] * tta["args"]["steps_per_epoch"]
+  out: dict = {}
+  for row in tta["rows"]:
+    if row["seed"] == seed:
+      out.setdefault(row["rate"], {})[row["method"]] = {
+          "seconds": row["seconds_per_step"], "bytes": row["bytes_per_device"] / steps}
+  return out
 
 
 def _compute(text: str) -> dict:
@@ -174,11 +193,20 @@ def main(argv=None) -> int:
   parser.add_argument("--validate", help="a netbench results.json (unshaped and shaped rates; "
                       "with --processes, --n and --density as it ran)")
   parser.add_argument("--processes", type=int, default=4, help="netbench's, for --validate")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="with --validate on a time-to-accuracy results.json: the seed that "
+                      "ran unshaped")
   parser.add_argument("--out", help="directory for projection.json and projection.png")
   args = parser.parse_args(argv)
   if args.validate:
     with open(args.validate) as f:
-      rows = validate(json.load(f), p=args.processes, n=args.n, density=args.density)
+      data = json.load(f)
+    if "rows" in data:  # a time-to-accuracy run: per train step, its own bytes
+      data = per_step(data, args.seed)
+    try:
+      rows = validate(data, p=args.processes, n=args.n, density=args.density)
+    except ValueError as error:
+      parser.error(str(error))
     print("| rate | method | unshaped (s) | measured (s) | predicted (s) | error |\n"
           "|---|---|---|---|---|---|")
     for r in rows:

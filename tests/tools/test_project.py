@@ -46,6 +46,21 @@ def test_validation_predicts_each_shaped_time_from_the_unshaped_one():
     project.validate({"1gbit": {}}, p=4, n=N, density=0.01)
 
 
+def test_per_step_validation_charges_each_run_its_own_bytes():
+  """A time-to-accuracy run: 20 epochs of 11 steps; dense sent 26.1 MB a step (5.742 GB in
+  220 steps), of which all but the 4 MiB bucket waits for 100 Mbit/s."""
+  tta = {"args": {"epochs": 20, "steps_per_epoch": 11}, "rows": [
+      {"seed": seed, "rate": rate, "method": "dense", "seconds_per_step": s,
+       "bytes_per_device": 5_742e6}
+      for seed, rate, s in ((0, "unshaped", 0.207), (0, "100mbit", 2.176), (1, "100mbit", 9.9))]}
+  steps = project.per_step(tta, seed=0)
+  assert steps == {"unshaped": {"dense": {"seconds": 0.207, "bytes": 5_742e6 / 220}},
+                   "100mbit": {"dense": {"seconds": 2.176, "bytes": 5_742e6 / 220}}}
+  (row,) = project.validate(steps, p=4, n=N, density=0.01)
+  assert row["predicted_s"] == pytest.approx(0.207 + (5_742e6 / 220 - 4 * 2**20) * 8 / 100e6)
+  assert row["error"] == pytest.approx(row["predicted_s"] / 2.176 - 1)
+
+
 def test_projection_rows_and_the_paper_scaling():
   rows = project.project(n=N, density=0.01, compute_ms={"spardl": 2.2, "dense": 0.07},
                          step_ms=4.1, links=["100mbit"], ps=[2, 1024])
