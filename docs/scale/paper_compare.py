@@ -1,0 +1,51 @@
+"""The paper's reported communication speedups of SparDL (Section VI: 14 workers on Ethernet
+"with default setting", 5 on InfiniBand) against our projection of the same ratios at its P
+and model sizes. The paper gives no link rate, so 1 GbE and 10 GbE are both shown.
+Run: `python docs/scale/paper_compare.py` (prints a Markdown table)."""
+
+import spardl_jax as sj
+from spardl_jax.tools import project
+
+DENSITY = 0.01
+# H200, per rank, P = 16, n = 14.7M (docs/scale/h200/): ms of one sync's compute, scaled by n.
+COMPUTE_MS_PER_14_7M = {"spardl": 2.24, "oktopk": 1.11, "topka": 7.92, "topkdsa": 8.21}
+# (case, P, links, n: the paper's parameter count, {baseline: SparDL's speedup it reports}).
+CASES = [
+    ("VGG-19 / CIFAR-100", 14, ("1gbe", "10gbe"), 20.1e6,
+     {"topkdsa": 6.4, "topka": 5.1, "oktopk": 1.6}),
+    ("VGG-11 / House", 14, ("1gbe", "10gbe"), 9.2e6,
+     {"topkdsa": 5.6, "topka": 4.7, "oktopk": 2.2}),
+    ("LSTM-IMDB", 14, ("1gbe", "10gbe"), 35.2e6, {"topkdsa": 2.7, "topka": 3.8, "oktopk": 1.8}),
+    ("LSTM-PTB", 14, ("1gbe", "10gbe"), 66e6, {"topkdsa": 5.0, "topka": 4.5, "oktopk": 2.3}),
+    ("ResNet-50 / ImageNet", 14, ("1gbe", "10gbe"), 25.6e6, {"oktopk": 2.3}),
+    ("BERT-base / Wikipedia", 14, ("1gbe", "10gbe"), 133.5e6, {"oktopk": 2.0}),
+    ("VGG-19 / CIFAR-100, RDMA", 5, ("ib100",), 20.1e6,
+     {"topkdsa": 4.0, "topka": 3.4, "oktopk": 3.0}),
+    ("BERT-base, RDMA", 5, ("ib100",), 133.5e6, {"oktopk": 4.2}),
+]
+
+
+def speedup(baseline: str, *, p: int, n: int, link: str, with_compute: bool) -> float:
+  def seconds(name: str) -> float:
+    compute = COMPUTE_MS_PER_14_7M[name] / 1e3 * n / 14.7e6 if with_compute else 0.0
+    return project.sync_seconds(sj.methods.make(name, density=DENSITY), p=p, n=n,
+                                link=project.LINKS[link], compute_s=compute)
+  return seconds(baseline) / seconds("spardl")
+
+
+def main() -> None:
+  links = ("1gbe", "10gbe", "ib100")
+  print("SparDL's speedup in communication: the paper's, then ours as communication only / "
+        "with the H200's measured compute\n")
+  print("| case | P | over | paper | " + " | ".join(links) + " |")
+  print("| --- | --- | --- | --- |" + " --- |" * len(links))
+  for case, p, case_links, n, reported in CASES:
+    for baseline, paper in reported.items():
+      cells = [" / ".join(f"{speedup(baseline, p=p, n=int(n), link=link, with_compute=c):.1f}×"
+                          for c in (False, True)) if link in case_links else ""
+               for link in links]
+      print(f"| {case} | {p} | {baseline} | {paper}× | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+  main()
