@@ -198,26 +198,14 @@ def report(steps: list[dict], times: list[dict], firsts: list[dict], *, fraction
 
 
 def _plot(firsts: list[dict], path: str, *, title: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  links = list(dict.fromkeys(f["link"] for f in firsts))
-  fig, axes = plt.subplots(1, len(links), figsize=(4.2 * len(links), 3.6), squeeze=False)
-  for ax, link in zip(axes[0], links):
-    here = [f for f in firsts if f["link"] == link]
-    for method in dict.fromkeys(m for f in here for m in f["best"]):
-      pts = [(f["p"], f["best"][method][0]) for f in here
-             if f["best"].get(method, (None,))[0] is not None]
-      ax.plot(*zip(*pts), marker="o", ms=3, label=method)
-    ax.set(xscale="log", yscale="log", xlabel="P (workers)", ylabel="s to target",
-           title=f"{title}, {link}")
-    ax.set_xticks([f["p"] for f in here], [str(f["p"]) for f in here])
-    ax.grid(True, which="both", alpha=0.3)
-  axes[0][0].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  series = {}
+  for f in firsts:
+    lines = series.setdefault(f["link"], {})
+    for method, (seconds, _) in f["best"].items():
+      lines.setdefault(method, [])
+      if seconds is not None:
+        lines[method].append((f["p"], seconds))
+  project.plot_against_p(series, path, title=title, ylabel="s to target")
 
 
 def main(argv=None) -> int:
@@ -249,7 +237,7 @@ def main(argv=None) -> int:
     parser.error(str(error))
   times = time_rows(steps, projection, shapes)
   firsts = first_rows(times)
-  title = args.title or f"{args.model}, {projection['args'].get('title', '')}"
+  title = args.title or projection["args"].get("title") or args.model
   text = report(steps, times, firsts, fraction=args.target, title=title)
   print(text)
   if args.out:

@@ -37,7 +37,7 @@ from spardl_jax.core import cost as cost_model
 from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G
 
 __all__ = ['Link', 'LINKS', 'TBF_BURST', 'sync_seconds', 'step_seconds', 'project', 'validate',
-           'per_step', 'main']
+           'per_step', 'plot_against_p', 'main']
 
 
 class Link(NamedTuple):
@@ -156,20 +156,24 @@ def _compute(text: str) -> dict:
   return out
 
 
-def _plot(rows: list, path: str, *, title: str) -> None:
+def plot_against_p(series: dict, path: str, *, title: str, ylabel: str) -> None:
+  """One log-log panel per link, one line per method: ``series`` is ``{link: {method:
+  [(P, value), ...]}}``."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
 
-  links = list(dict.fromkeys(r["link"] for r in rows))
-  fig, axes = plt.subplots(1, len(links), figsize=(4.2 * len(links), 3.6), squeeze=False)
-  for ax, link in zip(axes[0], links):
-    for method in dict.fromkeys(r["method"] for r in rows):
-      pts = [(r["p"], r["step_s"] * 1e3) for r in rows if r["link"] == link
-             and r["method"] == method]
-      ax.plot(*zip(*pts), marker="o", ms=3, label=method)
-    ax.set(xscale="log", yscale="log", xlabel="P (workers)", ylabel="ms per iteration",
+  fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.6), squeeze=False)
+  for ax, (link, lines) in zip(axes[0], series.items()):
+    ps = sorted({p for pts in lines.values() for p, _ in pts})
+    for method, pts in lines.items():
+      if pts:
+        ax.plot(*zip(*pts), marker="o", ms=3, label=method)
+    ax.set(xscale="log", yscale="log", xlabel="P (workers)", ylabel=ylabel,
            title=f"{title}, {link}")
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())  # only the P measured
+    ax.set_xticks(ps, [str(p) for p in ps])
     ax.grid(True, which="both", alpha=0.3)
   axes[0][0].legend(fontsize=7)
   fig.tight_layout()
@@ -240,7 +244,11 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "projection.json"), "w") as f:
       json.dump({"args": vars(args), "rows": rows}, f, indent=2)
-    _plot(rows, os.path.join(args.out, "projection.png"), title=args.title or f"n = {args.n:,}")
+    series = {link: {name: [(r["p"], r["step_s"] * 1e3) for r in rows
+                            if r["link"] == link and r["method"] == name]
+                     for name in args.compute} for link in links}
+    plot_against_p(series, os.path.join(args.out, "projection.png"),
+                   title=args.title or f"n = {args.n:,}", ylabel="ms per iteration")
   return 0
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The steps-to-accuracy runs of docs/scale.md (simulated CPU devices in one process; time
+# does not matter here) and the time-to-accuracy reports built from them. Each run writes
+# docs/scale/steps/<case>/<run>/metrics.json; `python -m train.scale` reads every run of a case.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+all=dense,dense_bf16,spardl,topka,gtopk,oktopk,powersgd
+run() {  # case, run name, then python -m train flags
+  local out=docs/scale/steps/$1/$2
+  shift 2
+  [ -f "$out/metrics.json" ] || python -m train --epochs 15 --no-progress --out "$out" "$@"
+}
+for p in 8 16 32 64; do
+  # Seed 0 ran in two parts (the first four methods in an earlier stop); a variant's run does
+  # not depend on the others beside it.
+  run mnist1d "s0_p$p" --devices $p --compare dense,spardl,topka,oktopk --seed 0
+  run mnist1d "s0_extra_p$p" --devices $p --compare dense,dense_bf16,gtopk,powersgd --seed 0
+  run mnist1d "s1_p$p" --devices $p --compare $all --seed 1
+  run digits "s0_p$p" --model resnet20 --dataset digits --batch-size 128 --lr 0.05 \
+    --devices $p --compare $all --seed 0
+done
+# Each sparse method at 0.5 %, 2 % and 5 % (1 % is in the runs above), seed 0.
+dens=""
+for m in spardl topka gtopk oktopk; do for d in 0.005 0.02 0.05; do dens="$dens,$m:density=$d"; done; done
+for p in 16 64; do
+  run mnist1d "density_s0_p$p" --devices $p --compare "dense$dens" --seed 0
+done
+for model in vgg16 resnet50; do
+  python -m train.scale --runs docs/scale/steps/mnist1d --projection "docs/scale/$model" \
+    --model "$model" --target 0.98 --out "docs/scale/tta/mnist1d_$model"
+done
+python -m train.scale --runs docs/scale/steps/digits --projection docs/scale/resnet50 \
+  --model resnet50 --target 0.98 --out docs/scale/tta/digits_resnet50
