@@ -90,9 +90,14 @@ def test_time_to_target_by_hand_best_density_and_crossover(runs):
   # At 1 % dense is first (30 steps of 5.5 ms against 30 of 6.3 ms); at 5 % SparDL (20 steps).
   assert 30 * dense(8) < 30 * spardl(8, 0.01) and 20 * spardl(8, 0.05) < 30 * dense(8)
   assert firsts[8]["first_fixed"] == "dense" and firsts[8]["first_best"] == "spardl"
-  # P = 16: gTopk without a measured compute is faster, so "first" is only a lower bound.
-  assert firsts[16]["first_best"] == "gtopk (≥)"
-  assert scale.crossover(list(firsts.values()), "best") == {"10gbe": None}
+  # P = 16: TopkA (20 steps) is first of the measured; gTopk, projected without a compute,
+  # beats it unless each of its 20 syncs computes longer than their difference.
+  alpha, beta = ETHERNET
+  topka = 4e-3 + 1e-3 + 4 * alpha + 15 * 1470 * 8 * beta  # log2 16 rounds, (P - 1) k pairs
+  gtopk = 4e-3 + 8 * alpha + 4 * 1470 * 8 * beta  # 2 log2 16 rounds; rank 0: 4 tree edges
+  assert firsts[16]["first_best"] == "topka"
+  assert firsts[16]["contenders_best"] == {"gtopk": pytest.approx((topka - gtopk) * 1e3)}
+  assert scale.crossover(list(firsts.values()), "best") == {"10gbe": None}  # TopkA at 16
   assert scale.crossover([firsts[8]], "best") == {"10gbe": 8}
   assert scale.crossover([firsts[8]], "fixed") == {"10gbe": None}
 
