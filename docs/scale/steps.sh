@@ -25,7 +25,7 @@ for m in spardl topka gtopk oktopk; do for d in 0.005 0.02 0.05; do dens="$dens,
 for p in 16 64; do
   run mnist1d "density_s0_p$p" --devices $p --compare "dense$dens" --seed 0
 done
-for model in vgg16 resnet50; do
+for model in vgg16 resnet50 bert; do
   python -m train.scale --runs docs/scale/steps/mnist1d --projection "docs/scale/$model" \
     --model "$model" --target 0.98 --out "docs/scale/tta/mnist1d_$model"
 done
