@@ -12,7 +12,7 @@ import numpy as np
 import spardl_jax as sj
 from tests import harness, reference
 
-P, N, DENSITY, SYNCS = 8, 5003, 0.05, 2
+P, N, DENSITY, SYNCS = 4, 5003, 0.05, 2
 CONFIGS = {"exact": sj.SparDLConfig(density=DENSITY, wire="exact"),
            "compact_teams": sj.SparDLConfig(density=DENSITY, teams=2, sag="recursive",
                                              wire="compact")}
