@@ -3,8 +3,8 @@ PyTorch DDP pick instead of sparsity).
 
 Each gradient leaf of two or more axes is a matrix ``M`` (its axes split where rows + columns
 is least, so a Flax convolution kernel ``(h, w, c_in, c_out)`` becomes ``(h w, c_in c_out)``
-or ``(h w c_in, c_out)``, never ``(h, w c_in c_out)``; plus this device's error) is approximated by one step of subspace iteration, warm-started from
-the last step's ``Q``::
+or ``(h w c_in, c_out)``, never ``(h, w c_in c_out)``; plus this device's error) is
+approximated by one step of subspace iteration, warm-started from the last step's ``Q``::
 
   P = M Q;  P <- all-reduce(P);  P <- orthonormal columns of P
   Q = M^T P;  Q <- all-reduce(Q);  approximation = P Q^T / (number of devices)
@@ -107,7 +107,13 @@ def matrix(shape) -> tuple[int, int]:
   """``(rows, cols)`` of a leaf: its leading axes against the rest, split where rows + cols
   is least (the first such split), which makes rank-r factors smallest. PyTorch's
   ``(shape[0], -1)`` fits its ``(c_out, c_in, h, w)`` kernels; on Flax's ``(h, w, c_in,
-  c_out)`` it would give a 3-row matrix that no rank-r factors shrink."""
+  c_out)`` it would give a 3-row matrix that no rank-r factors shrink.
+
+    >>> matrix((3, 3, 64, 64))  # a convolution kernel
+    (576, 64)
+    >>> matrix((768, 12, 64))  # an attention projection, (features, heads, head size)
+    (768, 768)
+  """
   size = math.prod(shape)
   if len(shape) < 2 or not size:
     return size, 1
