@@ -12,12 +12,13 @@ test metric (mean over the seeds at that P); a variant's steps are the mean over
 first test (each epoch's end) at or above it, and "never" if a seed never gets there.
 
 The time per step of a variant at P on a link is the projection's model: the model's step
-(``step_ms``) plus the sync's measured compute (``compute``) plus the variant's formula
-(at its own density) on the link, with the projection's ``n``, step and compute figures.
-A method without a measured compute is projected with none: its time is a lower bound,
-marked ``>=``. ``--model`` gives PowerSGD the projected model's matrix shapes (its bytes
-depend on them). Each sparse method is compared twice: at 1 % (the fixed density) and at
-its best density (the one with the least time to the target at that P and link).
+(the projection's ``step_ms``) plus the sync's measured compute (its ``compute``) plus the
+variant's formula (at its own density) on the link, for the ``n`` of ``--model``, whose
+matrix shapes PowerSGD's bytes also need. A method without a measured compute is projected
+with none: its time is a lower bound, marked ``≥``; "first" is the first of the methods with
+a measured compute, and each lower bound that beats it is named with the compute per sync
+under which it would be first instead. Each sparse method is compared twice: at 1 % (the
+fixed density) and at its best density (the least time to the target at that P and link).
 """
 
 from __future__ import annotations
