@@ -40,9 +40,9 @@ FIXED_DENSITY = 0.01
 
 
 def load_runs(folders: list[str]) -> dict[int, dict[str, dict]]:
-  """``{P: {label: {"method", "options", "finals": {seed: final}, "curves": {seed: [(steps,
-  metric)]}}}}`` from every ``metrics.json`` under ``folders``; a (P, seed, label) met twice
-  (dense, run again beside other variants) keeps its first run."""
+  """``{P: {label: {"method", "options", "curves": {seed: [(steps, test metric)]}}}}`` from
+  every ``metrics.json`` under ``folders``; a (P, seed, label) met twice (dense, run again
+  beside other variants) keeps its first run."""
   paths = sorted(p for folder in folders
                  for p in glob.glob(os.path.join(folder, "**", "metrics.json"), recursive=True))
   if not paths:
@@ -82,8 +82,9 @@ def steps_table(by_p: dict[int, dict[str, dict]], fraction: float) -> list[dict]
 
 
 def _bound(method_name: str, options: dict, shapes):
+  """The method, bound to the model's leaf shapes if it works per leaf (PowerSGD)."""
   method = methods.make(method_name, **options)
-  return method.for_leaves(shapes) if method_name == "powersgd" else method
+  return method.for_leaves(shapes) if method.leafwise else method
 
 
 def time_rows(steps: list[dict], projection: dict, shapes) -> list[dict]:
@@ -134,8 +135,8 @@ def first_rows(times: list[dict]) -> list[dict]:
       row[f"contenders_{kind}"] = {
           m: (reached[first]["seconds"] - r["seconds"]) / r["mean_steps"] * 1e3
           for m, r in reached.items()
-          if r["lower_bound"] and (first is None or r["seconds"] < reached[first]["seconds"])
-          and first is not None}
+          if first is not None and r["lower_bound"]
+          and r["seconds"] < reached[first]["seconds"]}
     out.append(row)
   return out
 
