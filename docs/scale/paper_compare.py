@@ -1,14 +1,19 @@
 """The paper's reported communication speedups of SparDL (Section VI: 14 workers on Ethernet
 "with default setting", 5 on InfiniBand) against our projection of the same ratios at its P
 and model sizes. The paper gives no link rate, so 1 GbE and 10 GbE are both shown.
-Run: `python docs/scale/paper_compare.py` (prints a Markdown table)."""
+Run from the repository root: `python docs/scale/paper_compare.py` (prints a Markdown
+table)."""
+
+import json
 
 import spardl_jax as sj
 from spardl_jax.tools import project
 
 DENSITY = 0.01
-# H200, per rank, P = 16, n = 14.7M (docs/scale/h200/): ms of one sync's compute, scaled by n.
-COMPUTE_MS_PER_14_7M = {"spardl": 2.24, "oktopk": 1.11, "topka": 7.92, "topkdsa": 8.21}
+# The H200's sync compute per rank that the VGG-16 projection uses (docs/scale/project.sh:
+# P = 16, n = 14.7M), in ms, scaled here by each case's n.
+with open("docs/scale/vgg16/projection.json") as f:
+  _VGG16 = json.load(f)["args"]
 # (case, P, links, n: the paper's parameter count, {baseline: SparDL's speedup it reports}).
 CASES = [
     ("VGG-19 / CIFAR-100", 14, ("1gbe", "10gbe"), 20.1e6,
@@ -27,7 +32,7 @@ CASES = [
 
 def speedup(baseline: str, *, p: int, n: int, link: str, with_compute: bool) -> float:
   def seconds(name: str) -> float:
-    compute = COMPUTE_MS_PER_14_7M[name] / 1e3 * n / 14.7e6 if with_compute else 0.0
+    compute = (_VGG16["compute"][name] / 1e3 * n / _VGG16["n"]) if with_compute else 0.0
     return project.sync_seconds(sj.methods.make(name, density=DENSITY), p=p, n=n,
                                 link=project.LINKS[link], compute_s=compute)
   return seconds(baseline) / seconds("spardl")
