@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import ClassVar, NamedTuple
 
 import jax
@@ -39,6 +38,7 @@ import jax.numpy as jnp
 from spardl_jax.baselines.common import check_local
 from spardl_jax.baselines.dense import formula as dense_formula
 from spardl_jax.core import flat, protocol
+from spardl_jax.core.config import check_number
 
 __all__ = ['PowerSGDConfig', 'PowerSGDState', 'Leaf', 'matrix', 'plan', 'PowerSGD']
 
@@ -60,18 +60,13 @@ class PowerSGDConfig:
   seed: int = 0
 
   def __post_init__(self):
-    if isinstance(self.rank, bool) or not isinstance(self.rank, numbers.Integral) or (
-        self.rank < 1):
-      raise ValueError(f"PowerSGDConfig: rank must be an int >= 1, got {self.rank!r}.")
-    if isinstance(self.min_compression_rate, bool) or not isinstance(
-        self.min_compression_rate, numbers.Real) or not self.min_compression_rate > 0:
-      raise ValueError(f"PowerSGDConfig: min_compression_rate must be a number > 0, got "
-                       f"{self.min_compression_rate!r}.")
+    who = "PowerSGDConfig"
+    check_number(who, "rank", self.rank, "an int >= 1", integral=True, accept=lambda r: r >= 1)
+    check_number(who, "min_compression_rate", self.min_compression_rate, "a number > 0",
+                 accept=lambda rate: rate > 0)
     # jax.random.key takes a C long: beyond it, an OverflowError at the first trace.
-    if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not (
-        -2**63 <= self.seed < 2**63):
-      raise ValueError(f"PowerSGDConfig: seed must be an int in [-2**63, 2**63), got "
-                       f"{self.seed!r}.")
+    check_number(who, "seed", self.seed, "an int in [-2**63, 2**63)", integral=True,
+                 accept=lambda seed: -2**63 <= seed < 2**63)
 
 
 @protocol.folds(residual=protocol.SUM, qs=protocol.SAME)

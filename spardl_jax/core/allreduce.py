@@ -17,7 +17,7 @@ import numpy as np
 
 from spardl_jax.core import (bruck, cost, gres, h_controller, messages, protocol, sag, schedule,
                              sparse, srs, topk)
-from spardl_jax.core.config import BlockLayout, SparDLConfig
+from spardl_jax.core.config import BlockLayout, SparDLConfig, check_number
 from spardl_jax.core.nonfinite import NonFinite, check_policy, skip_if
 
 __all__ = ['SparDLState', 'SUPPORTED_DTYPES', 'check_dtype', 'bound_axes',
@@ -48,9 +48,8 @@ class SparDLState(NamedTuple):
     """The state before the first sync of a flat ``(n,)`` gradient of ``dtype`` (float32,
     bfloat16 or float16): a zero residual and the controller before its first step. Nothing
     in it depends on the options (what does needs the device count, known at trace time)."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-      raise ValueError(f"SparDLState.initial: n must be a positive int (the gradient length), "
-                       f"got {n!r}.")
+    n = check_number("SparDLState.initial", "n", n, "a positive int (the gradient length)",
+                     integral=True, accept=lambda n: n >= 1)
     check_dtype("dtype", dtype)
     return cls(residual=jnp.zeros((int(n),), dtype), controller=h_controller.empty())
 

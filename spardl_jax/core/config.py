@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 
 __all__ = ['Residuals', 'Sag', 'WireFormat', 'RESIDUAL_MODES', 'SAG_MODES', 'WIRE_FORMATS',
            'ETHERNET_10G', 'INFINIBAND_100G', 'SparDLConfig', 'DensityConfig', 'check_density',
-           'check_positive', 'as_float', 'BlockLayout']
+           'check_positive', 'check_number', 'as_float', 'BlockLayout']
 
 Residuals = Literal["global", "local", "none"]
 RESIDUAL_MODES = ("global", "local", "none")
@@ -77,13 +78,11 @@ class SparDLConfig:
   def __post_init__(self):
     check_density(self)
     teams = self.teams
-    if isinstance(teams, np.integer) and not isinstance(teams, np.bool_):
-      teams = int(teams)
+    if teams != "auto":
+      teams = check_number("SparDLConfig", "teams", teams,
+                           "a positive int that divides the number of workers, or 'auto'",
+                           integral=True, accept=lambda t: t >= 1)
       object.__setattr__(self, "teams", teams)
-    if teams != "auto" and (isinstance(teams, bool) or not isinstance(teams, int) or teams < 1):
-      raise ValueError(
-          f"SparDLConfig: teams must be a positive int that divides the number "
-          f"of workers, or 'auto', got {teams!r}.")
     if self.sag not in SAG_MODES:
       raise ValueError(f"SparDLConfig: sag must be one of {SAG_MODES}, got {self.sag!r}.")
     if self.sag == "recursive" and isinstance(teams, int) and teams & (teams - 1):
@@ -124,14 +123,26 @@ def check_density(config) -> None:
                      f"got {density!r}.")
 
 
+def check_number(who: str, name: str, value, allowed: str, *, integral: bool = False,
+                 accept: Callable[[Any], bool] = lambda value: True) -> Any:
+  """``value`` as a plain Python int (``integral``) or float, or a ValueError
+  ``"{who}: {name} must be {allowed}, got {value!r}."`` unless it is a number of that kind
+  for which ``accept`` holds. NumPy scalars count (``np.float32(0.1)`` is a real and becomes
+  0.1, ``np.int64(4)`` an integral); booleans never do, and a NaN fails every comparison
+  ``accept`` makes."""
+  kind = numbers.Integral if integral else numbers.Real
+  fits = not isinstance(value, (bool, np.bool_)) and isinstance(value, kind) and accept(value)
+  if not fits:
+    raise ValueError(f"{who + ': ' if who else ''}{name} must be {allowed}, got {value!r}.")
+  return int(value) if integral else as_float(value)
+
+
 def check_positive(config, name: str, kind=numbers.Real) -> None:
-  """Raises a clear error unless ``config.<name>`` is a positive number of type ``kind``
-  (NumPy scalars count: ``np.float32(0.1)`` is a real, ``np.int64(4)`` an integral), and
-  stores it as the plain Python number."""
-  value = getattr(config, name)
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, kind) or not value > 0:
-    raise ValueError(f"{type(config).__name__}: {name} must be positive, got {value!r}.")
-  object.__setattr__(config, name, int(value) if kind is numbers.Integral else as_float(value))
+  """Raises a clear error unless ``config.<name>`` is a positive number of type ``kind``,
+  and stores it as the plain Python number (:func:`check_number`)."""
+  object.__setattr__(config, name, check_number(
+      type(config).__name__, name, getattr(config, name), "positive",
+      integral=kind is numbers.Integral, accept=lambda value: value > 0))
 
 
 def as_float(value) -> float:

@@ -25,6 +25,8 @@ from typing import Any
 
 import jax
 
+from spardl_jax.core.config import check_number
+
 __all__ = ['DEPTH', 'bounded_dispatch']
 
 DEPTH = 4  # steps in flight: with up to 7 device programs a step, still under the 32 slots
@@ -70,8 +72,8 @@ def bounded_dispatch(step: Callable[..., Any], *, depth: int = DEPTH) -> Callabl
   Returns:
     A function with ``step``'s signature and outputs.
   """
-  if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-    raise ValueError(f"bounded_dispatch: depth must be an int >= 1, got {depth!r}.")
+  depth = check_number("bounded_dispatch", "depth", depth, "an int >= 1", integral=True,
+                       accept=lambda d: d >= 1)
   in_flight: collections.deque = collections.deque()
   hazard: list[bool] = []  # decided at the first call, from where its outputs live
 

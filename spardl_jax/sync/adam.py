@@ -12,12 +12,13 @@ optimizer; pair its ``freeze_step`` with the sync's ``warmup_steps``.
 
 from __future__ import annotations
 
-import numbers
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from spardl_jax.core.config import check_number
 
 __all__ = ['ScaleByFrozenAdamState', 'scale_by_frozen_adam']
 
@@ -67,15 +68,13 @@ def scale_by_frozen_adam(*, freeze_step: int, b1: float = 0.9, b2: float = 0.999
     Tang et al., "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
     Convergence Speed", ICML 2021 (warm-up, then a frozen variance).
   """
-  if isinstance(freeze_step, bool) or not isinstance(freeze_step, numbers.Integral) or (
-      freeze_step < 1):
-    raise ValueError(f"scale_by_frozen_adam: freeze_step must be an int >= 1, got "
-                     f"{freeze_step!r}.")
-  for name, value in (("b1", b1), ("b2", b2)):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
-      raise ValueError(f"scale_by_frozen_adam: {name} must be in [0, 1), got {value!r}.")
-  if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < eps < float("inf"):
-    raise ValueError(f"scale_by_frozen_adam: eps must be a finite number > 0, got {eps!r}.")
+  who = "scale_by_frozen_adam"
+  freeze_step = check_number(who, "freeze_step", freeze_step, "an int >= 1", integral=True,
+                             accept=lambda s: s >= 1)
+  b1, b2 = (check_number(who, name, value, "in [0, 1)", accept=lambda b: 0 <= b < 1)
+            for name, value in (("b1", b1), ("b2", b2)))
+  eps = check_number(who, "eps", eps, "a finite number > 0",
+                     accept=lambda e: 0 < e < float("inf"))
 
   def init_fn(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731

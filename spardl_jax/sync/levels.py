@@ -15,6 +15,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from spardl_jax.core.config import check_number
 from spardl_jax.core.protocol import AllReduce
 from spardl_jax.sync import methods
 
@@ -51,14 +52,14 @@ def _check_schedule(schedule) -> list[tuple[int, float]]:
     raise ValueError(f"density must be a number or a non-empty list of (step, density) "
                      f"pairs, got {schedule!r}.")
   steps = [s for s, _ in pairs]
-  if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in steps):
-    raise ValueError(f"density schedule: every step must be an int, got {steps}.")
+  for s in steps:
+    check_number("density schedule", "every step", s, f"an int (steps {steps})",
+                 integral=True)
   if steps[0] != 0 or any(b <= a for a, b in zip(steps, steps[1:])):
     raise ValueError(f"density schedule: steps must start at 0 and increase strictly, got "
                      f"{steps}.")
   for _, d in pairs:
-    if isinstance(d, bool) or not isinstance(d, numbers.Real):
-      raise ValueError(f"density schedule: every density must be a number, got {d!r}.")
+    check_number("density schedule", "every density", d, "a number")
   return [(int(s), float(d)) for s, d in pairs]
 
 
@@ -76,9 +77,8 @@ def build(method: str, options: dict[str, Any], *, warmup_steps: int) -> list[Le
   Raises:
     ValueError: naming the parameter and what it allows.
   """
-  if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, numbers.Integral) or (
-      warmup_steps < 0):
-    raise ValueError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}.")
+  warmup_steps = check_number("", "warmup_steps", warmup_steps, "an int >= 0",
+                              integral=True, accept=lambda w: w >= 0)
   density = options.get("density")
   schedule = ([(0, density)] if density is None or isinstance(density, numbers.Real)
               else _check_schedule(density))
@@ -127,16 +127,15 @@ def density_warmup(target: float, *, steps: int, start: float = 0.25, factor: fl
     Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
     Distributed Training", ICLR 2018, Section 3.3 (warm-up training).
   """
-  if isinstance(target, bool) or not (isinstance(target, numbers.Real) and 0 < target <= 1):
-    raise ValueError(f"density_warmup: target must be in (0, 1], got {target!r}.")
-  if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-    raise ValueError(f"density_warmup: steps must be an int >= 1, got {steps!r}.")
-  if not (isinstance(start, numbers.Real) and target <= start <= 1):
-    raise ValueError(f"density_warmup: start must be in [target, 1], got {start!r}.")
-  if not (isinstance(factor, numbers.Real) and 1 < factor < math.inf):
-    raise ValueError(f"density_warmup: factor must be a finite number > 1, got {factor!r}.")
-  if isinstance(at, bool) or not isinstance(at, numbers.Integral) or at < 0:
-    raise ValueError(f"density_warmup: at must be an int >= 0, got {at!r}.")
+  who = "density_warmup"
+  target = check_number(who, "target", target, "in (0, 1]", accept=lambda t: 0 < t <= 1)
+  steps = check_number(who, "steps", steps, "an int >= 1", integral=True,
+                       accept=lambda s: s >= 1)
+  start = check_number(who, "start", start, "in [target, 1]",
+                       accept=lambda s: target <= s <= 1)
+  factor = check_number(who, "factor", factor, "a finite number > 1",
+                        accept=lambda f: 1 < f < math.inf)
+  at = check_number(who, "at", at, "an int >= 0", integral=True, accept=lambda a: a >= 0)
   densities = [float(start)]
   while densities[-1] / factor >= target:
     densities.append(densities[-1] / factor)
