@@ -24,13 +24,15 @@ from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
 from spardl_jax.sync.levels import density_warmup
 from spardl_jax.sync.adam import ScaleByFrozenAdamState, scale_by_frozen_adam
-from spardl_jax.sync.data_parallel import (data_parallel_step, fold_rules, init_opt_state,
+from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
                                            opt_state_shardings, opt_state_specs,
                                            sync_state_filter)
 from spardl_jax.sync.methods import sharded_allreduce
 from spardl_jax.sync.outer import DiLoCoState, diloco, replica_params
-from spardl_jax.sync.transform import (SyncState, SyncStats, powersgd, spardl, sync_gradients,
-                                       sync_stats)
+from spardl_jax.sync.placement import fold_rules
+from spardl_jax.sync.specs import use_param_specs
+from spardl_jax.sync.state import SyncState, SyncStats, sync_stats
+from spardl_jax.sync.transform import powersgd, spardl, sync_gradients
 from spardl_jax.tools import traffic
 
 __all__ = (
@@ -66,4 +68,5 @@ __all__ = (
     "sync_state_filter",
     "sync_stats",
     "traffic",
+    "use_param_specs",
 )

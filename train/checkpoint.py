@@ -35,7 +35,7 @@ import orbax.checkpoint as ocp
 
 import spardl_jax as sj
 from spardl_jax.core import protocol as sj_protocol
-from spardl_jax.sync import mesh_axes
+from spardl_jax.sync.specs import axes_of
 
 log = logging.getLogger("train")
 
@@ -114,10 +114,10 @@ def fold_residual(saved: np.ndarray, devices: int) -> np.ndarray:
 def _row_devices(axis_names, sizes, spec) -> tuple[int, int]:
   """``(data, columns)`` of a per-device leaf's leading axis: its rows are data-major, one
   (or several) per device of the data axis times the mesh's other axes
-  (spardl_jax.sync.mesh_axes); ``(1, 1)`` for other leaves."""
+  (spardl_jax.sync.placement); ``(1, 1)`` for other leaves."""
   if not spec or spec[0] is None:
     return 1, 1
-  axes = mesh_axes.axes_of(spec[0])
+  axes = axes_of(spec[0])
   shape = dict(zip(axis_names, sizes))
   return shape[axes[0]], int(np.prod([shape[a] for a in axes[1:]], dtype=np.int64))
 

@@ -15,9 +15,10 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkab
 
 import jax
 
-__all__ = ['AllReduce', 'Cost', 'PaperCost', 'SUM', 'SAME', 'MEAN', 'FRESH', 'folds',
-           'declared_folds', 'HasResidual', 'residual', 'FlatVector', 'register', 'registered',
-           'build']
+__all__ = ['AllReduce', 'Cost', 'PaperCost', 'SUM', 'SAME', 'MEAN', 'FRESH', 'FOLD_RULES',
+           'PER_DEVICE', 'PER_REPLICA', 'REPLICATED', 'PLACES', 'Field', 'declare_layout',
+           'layout', 'folds', 'declared_fields', 'HasResidual', 'residual', 'FlatVector',
+           'register', 'registered', 'build']
 
 @runtime_checkable
 class AllReduce(Protocol):
@@ -100,34 +101,81 @@ class PaperCost(NamedTuple):
 
 
 # How a per-device state leaf moves onto another number of devices (a state type declares
-# them per field with @folds; a field it leaves out restarts from init):
+# them per field; a field it leaves out takes its enclosing field's rule, at the top FRESH):
 SUM = "sum"      # a per-device sum of gradient mass: fold to its total, spread evenly
 SAME = "same"    # equal on every device: every new device gets it
 MEAN = "mean"    # a per-device sample: every new device gets the mean
 FRESH = "fresh"  # depends on the device count: restarted
-_FOLDS: dict[type, dict[str, str]] = {}
+FOLD_RULES = (SUM, SAME, MEAN, FRESH)
+
+# Where a state field's leaves live on the mesh (a field that declares none lives where its
+# enclosing field does; at the top, where what it holds says: a declared state by its own
+# fields, a subtree shaped like the parameters by the parameters' specs, the rest replicated):
+PER_DEVICE = "per_device"    # one row per device of the mesh: a leading axis, (P, ...) in all
+PER_REPLICA = "per_replica"  # a leading axis over the data axis; under it, laid out as alone
+REPLICATED = "replicated"    # the same on every device, stored once
+PLACES = (PER_DEVICE, PER_REPLICA, REPLICATED)
+
+
+class Field(NamedTuple):
+  """How one field of a state type is laid out on the mesh (``place``: one of
+  :data:`PLACES`, or None to inherit it) and moves onto another device count (``fold``: one
+  of :data:`FOLD_RULES`, or None to inherit it)."""
+
+  place: str | None = None
+  fold: str | None = None
+
+
+# A state type's fields, or a function of one of its instances and the per-device rows'
+# PartitionSpec (None where no mesh is involved) giving them, or None for "not declared".
+Fields = dict[str, Field]
+_LAYOUTS: dict[type, "Fields | Callable[[Any, Any], Fields | None]"] = {}
 
 T = TypeVar("T", bound=type)
 
 
-def folds(**rules: str) -> Callable[[T], T]:
-  """Class decorator of a per-device state type (a NamedTuple): how each named field moves
-  onto another number of devices (:data:`SUM`, :data:`SAME` or :data:`MEAN`; fields left
-  out restart). ``spardl_jax.fold_rules`` reads it; a checkpoint restore applies it."""
-  for field, rule in rules.items():
-    if rule not in (SUM, SAME, MEAN):
-      raise ValueError(f"folds: {field}={rule!r}; the rules are {(SUM, SAME, MEAN)}.")
+def declare_layout(cls: type, fields: "Fields | Callable[[Any, Any], Fields | None]") -> None:
+  """Declares where each field of the state type ``cls`` (a NamedTuple) lives and how it
+  folds: a dict of :class:`Field` s by field name, or, for a type whose layout depends on
+  what an instance holds (``optax.MultiStepsState`` around a sync), a function
+  ``fields(state, rows) -> dict | None`` that may also refuse a state it cannot lay out.
+  ``spardl_jax.opt_state_specs``, ``init_opt_state`` and ``fold_rules`` read it; nothing
+  else needs to know the type."""
+  if isinstance(fields, dict):
+    for name, field in fields.items():
+      if name not in cls._fields:  # type: ignore[attr-defined]
+        raise ValueError(f"declare_layout: {cls.__name__} has no field {name!r}.")
+      if field.place not in (None, *PLACES) or field.fold not in (None, *FOLD_RULES):
+        raise ValueError(f"declare_layout: {cls.__name__}.{name}={field!r}; places are "
+                         f"{PLACES} (or None), fold rules {FOLD_RULES} (or None).")
+  _LAYOUTS[cls] = fields
 
+
+def layout(**fields: Field) -> Callable[[T], T]:
+  """Class decorator of a state type (a NamedTuple): :func:`declare_layout` with these
+  fields, e.g. ``@layout(residual=Field(PER_DEVICE, SUM))``."""
   def declare(cls: T) -> T:
-    _FOLDS[cls] = rules
+    declare_layout(cls, fields)
     return cls
 
   return declare
 
 
-def declared_folds(cls: type) -> dict[str, str] | None:
-  """The rules ``cls`` declared with :func:`folds`, or None."""
-  return _FOLDS.get(cls)
+def folds(**rules: str) -> Callable[[T], T]:
+  """Class decorator of a method's per-device state (a NamedTuple, always inside the sync's
+  per-device rows): how each named field moves onto another number of devices (:data:`SUM`,
+  :data:`SAME` or :data:`MEAN`; fields left out restart). :func:`layout` with no places."""
+  for field, rule in rules.items():
+    if rule not in (SUM, SAME, MEAN):
+      raise ValueError(f"folds: {field}={rule!r}; the rules are {(SUM, SAME, MEAN)}.")
+  return layout(**{field: Field(fold=rule) for field, rule in rules.items()})
+
+
+def declared_fields(node, rows=None) -> Fields | None:
+  """The :class:`Field` s the type of ``node`` declared (for a declaration by function, for
+  this instance on a mesh whose per-device rows are ``rows``), or None."""
+  fields = _LAYOUTS.get(type(node))
+  return fields(node, rows) if callable(fields) else fields
 
 
 @runtime_checkable

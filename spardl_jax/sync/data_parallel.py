@@ -1,157 +1,60 @@
-"""Sharding the optimizer state of a data-parallel train step that syncs gradients.
+"""The optimizer state of a data-parallel train step that syncs gradients, laid out on the
+mesh, and a jitted train step for ``jax.jit`` users.
 
-In a ``jax.shard_map`` train step the optimizer state follows the parameters (replicated, or
-sharded over the mesh's other axes like the parameter it belongs to), but some state is per
-device and is stored with a device axis, so that every device keeps (and a checkpoint saves)
-its own:
-
-* every leaf of a :class:`~spardl_jax.sync.transform.SyncState` (the residual, ``(P, n)``
-  globally on a one-axis mesh, and the statistics, ``(P,)``); on a mesh of several axes one
-  row per device of the mesh, data-major (:mod:`spardl_jax.sync.mesh_axes`);
-* the accumulated gradients of an ``optax.MultiSteps`` that wraps a gradient sync (one-axis
-  meshes only): they are local gradients not synchronized yet, stored concatenated along their
-  first axis (a parameter of shape ``(a, b)`` gives a ``(P * a, b)`` global array);
-* a :class:`~spardl_jax.sync.outer.DiLoCoState`'s per-replica offsets and inner optimizer
-  state: a leading axis over the data axis, the rest as the leaf would be stored alone (a
-  parameter's offset ``(P, *shape)`` with ``PartitionSpec(axis_name, *its spec)``).
-
-The rules are structural, so they are predictable and need no tracing.
+Where each state leaf lives (per device, per replica, like the parameters, replicated) is
+what its state type declares (:mod:`spardl_jax.sync.placement`); these functions read the
+parameters' specs once (:mod:`spardl_jax.sync.specs`), trace ``tx.init`` on one device to
+learn the state's structure, and lay it out. Every state type, ours and optax's, is handled
+by that one walk.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spardl_jax.core import protocol
-from spardl_jax.sync import mesh_axes
-from spardl_jax.sync.outer import DiLoCoState, find_outer, replica_params
-from spardl_jax.sync.transform import SyncState, states_in
+from spardl_jax.sync.outer import find_outer, replica_params
+from spardl_jax.sync.placement import ParamLayout, device_spec, state_specs
+from spardl_jax.sync.specs import (check_axis, check_leaf_specs, leaf_specs, local_shape,
+                                   restrict, specs_shown, use_param_specs)
+from spardl_jax.sync.state import SyncState
 
-__all__ = ['fold_rules', 'opt_state_specs', 'opt_state_shardings', 'init_opt_state',
-           'data_parallel_step', 'sync_state_filter']
-
-
-def _contains_sync(tree) -> bool:
-  return bool(states_in(tree, SyncState))
+__all__ = ['opt_state_specs', 'opt_state_shardings', 'init_opt_state', 'data_parallel_step',
+           'sync_state_filter']
 
 
-def _specs(state, rows: PartitionSpec, params: dict | None):
-  """``state``'s specs: ``rows`` for per-device leaves, the parameter's spec for a subtree
-  shaped like the parameters (``params`` maps their structure and local shapes to their
-  specs; None: replicated like the rest), ``PartitionSpec()`` for the rest."""
-  def like_params(node) -> bool:
-    return (params is not None
-            and jax.tree.structure(node) == params["treedef"]  # type: ignore[operator]
-            and [tuple(x.shape) for x in jax.tree.leaves(node)] == params["shapes"])
-
-  def per_replica(tree):
-    """Leaves with a leading axis over the data axis (its first axis in ``rows``)."""
-    data = mesh_axes.axes_of(rows[0])[0]
-    alone = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), tree)
-    return jax.tree.map(lambda spec: PartitionSpec(data, *spec), _specs(alone, rows, params),
-                        is_leaf=lambda x: isinstance(x, PartitionSpec))
-
-  def spec(node):
-    if isinstance(node, SyncState):
-      return jax.tree.map(lambda _: rows, node)
-    if isinstance(node, DiLoCoState):
-      return DiLoCoState(PartitionSpec(), per_replica(node.offset), per_replica(node.inner),
-                         _specs(node.sync, rows, params), _specs(node.outer, rows, params))
-    if like_params(node):
-      return jax.tree.unflatten(params["treedef"], params["specs"])
-    if isinstance(node, optax.MultiStepsState) and _contains_sync(node.inner_opt_state):
-      if rows != PartitionSpec(rows[0]) or isinstance(rows[0], tuple):
-        raise ValueError(
-            "opt_state_specs: optax.MultiSteps around a gradient sync is supported on a "
-            "one-axis mesh only; on a mesh of several axes accumulate the gradients before "
-            "the sync in the train step instead.")
-      if jax.tree.leaves(node.skip_state):
-        raise ValueError(
-            "opt_state_specs: optax.MultiSteps around a gradient sync has a "
-            "should_skip_update_fn (such as optax.skip_not_finite). It decides on each "
-            "device's own gradient whether to run the micro-step, so a device with a NaN "
-            "would skip the collectives the others wait in (a hang). Drop it: the sync's "
-            "nonfinite='skip' (the default) skips a bad step on every device alike.")
-      for leaf in jax.tree.leaves(node.acc_grads):
-        if not leaf.shape:
-          raise ValueError(
-              "opt_state_specs: optax.MultiSteps around a gradient sync accumulates local "
-              "gradients per device, along their first axis; a 0-d parameter has none. "
-              "Reshape scalar parameters to shape (1,).")
-      return node._replace(
-          mini_step=PartitionSpec(), gradient_step=PartitionSpec(),
-          inner_opt_state=_specs(node.inner_opt_state, rows, params),
-          acc_grads=jax.tree.map(lambda _: rows, node.acc_grads),
-          skip_state=jax.tree.map(lambda _: PartitionSpec(), node.skip_state))
-    return PartitionSpec()
-
-  return jax.tree.map(spec, state, is_leaf=lambda x: isinstance(
-      x, (SyncState, DiLoCoState, optax.MultiStepsState)) or like_params(x))
-
-
-# optax's own state type whose per-device leaves are ours to fold.
-protocol.folds(acc_grads=protocol.MEAN)(optax.MultiStepsState)
-
-
-def _declares(node) -> bool:
-  return protocol.declared_folds(type(node)) is not None
-
-
-def fold_rules(tree, rule: str = protocol.FRESH):
-  """How each leaf of ``tree`` (a train state, an optimizer state) moves onto another number
-  of devices: a pytree of ``tree``'s structure holding, per leaf, one of
-  :data:`~spardl_jax.core.protocol.SUM` (per-device sums of gradient mass: residuals and
-  velocities), ``SAME`` (equal on every device: the sync's step count), ``MEAN`` (the
-  gradients an ``optax.MultiSteps`` accumulated) or ``FRESH`` (restarted, e.g. a controller
-  that depends on the device count). Each state type declares its fields' rules with
-  :func:`spardl_jax.core.protocol.folds`; a rule covers its field's whole subtree unless a
-  state inside declares its own (the method state in a SyncState, for example)."""
-  def one(node):
-    if not _declares(node):
-      return rule
-    fold = protocol.declared_folds(type(node)) or {}
-    return type(node)(*(fold_rules(child, fold.get(field, rule))
-                        for field, child in zip(node._fields, node)))
-
-  return jax.tree.map(one, tree, is_leaf=_declares)
-
-
-def _layout(params, mesh, axis_name: str, param_specs, who: str):
-  """The parameters' specs over the mesh, checked, and what :func:`_specs` needs of them."""
-  mesh_axes.check_axis(mesh, axis_name, who)
+def _param_layout(params, mesh, axis_name: str, param_specs, who: str) -> ParamLayout:
+  """The parameters' specs over the mesh, checked, with their local shards' shapes."""
+  check_axis(mesh, axis_name, who)
   others = tuple(a for a in mesh.axis_names if a != axis_name and mesh.shape[a] > 1)
-  if param_specs is None and not mesh_axes.layout_known(params, mesh, others):
+  if param_specs is None and not specs_shown(params, mesh, others):
     raise ValueError(
         f"{who}: the mesh axes {others} are Auto and some parameters carry no sharding "
         f"(traced, or not placed on the mesh), so their layout over those axes is unknown; "
         f"pass param_specs=<the parameters' PartitionSpecs>, or place the parameters first.")
-  specs = mesh_axes.leaf_specs(params, param_specs)
-  mesh_axes.check_leaf_specs(params, specs, dict(mesh.shape), axis_name, who)
-  treedef = jax.tree.structure(params)
-  local = []
-  for x, spec in zip(jax.tree.leaves(params), specs):
-    shape = list(x.shape)
-    for dim, entry in enumerate(spec):
-      for axis in mesh_axes.axes_of(entry):
-        shape[dim] //= mesh.shape[axis]
-    local.append(tuple(shape))
-  return jax.tree.unflatten(treedef, specs), {"treedef": treedef, "shapes": local,
-                                               "specs": specs}
+  specs = leaf_specs(params, param_specs)
+  check_leaf_specs(params, specs, dict(mesh.shape), (axis_name,), who)
+  local = tuple(local_shape(x.shape, spec, dict(mesh.shape))
+                for x, spec in zip(jax.tree.leaves(params), specs))
+  return ParamLayout(jax.tree.structure(params), tuple(specs), local)
 
 
-def _local_state(tx: optax.GradientTransformation, params, mesh, spec_tree):
-  """The state structure ``tx.init`` builds on one device (shapes and dtypes only)."""
+def _state_specs(tx: optax.GradientTransformation, params, mesh, axis_name: str,
+                 layout: ParamLayout):
+  """The specs of ``tx``'s state: its structure on one device (``tx.init`` traced in a
+  ``shard_map``, shapes only), laid out by :func:`~spardl_jax.sync.placement.state_specs`."""
   abstract = jax.tree.map(
-      lambda x, spec: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                           sharding=NamedSharding(mesh, spec)),
-      params, spec_tree)
-  init = jax.shard_map(tx.init, mesh=mesh, in_specs=(spec_tree,), out_specs=PartitionSpec(),
-                       check_vma=False)
-  with mesh_axes.known_specs(spec_tree):
-    return jax.eval_shape(init, abstract)
+      lambda x, spec: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec)),
+      params, layout.spec_tree())
+  init = jax.shard_map(tx.init, mesh=mesh, in_specs=(layout.spec_tree(),),
+                       out_specs=PartitionSpec(), check_vma=False)
+  with use_param_specs(layout.spec_tree()):
+    local = jax.eval_shape(init, abstract)
+  return state_specs(local, device_spec(mesh.axis_names, axis_name), layout)
 
 
 def opt_state_specs(tx: optax.GradientTransformation, params, mesh: jax.sharding.Mesh, *,
@@ -180,12 +83,11 @@ def opt_state_specs(tx: optax.GradientTransformation, params, mesh: jax.sharding
     ValueError: ``axis_name`` is not a mesh axis, a parameter is sharded over it, or a mesh
       axis does not divide the dimension it shards.
   """
-  spec_tree, layout = _layout(params, mesh, axis_name, param_specs, "opt_state_specs")
-  rows = mesh_axes.device_spec(mesh.axis_names, axis_name)
-  specs = _specs(_local_state(tx, params, mesh, spec_tree), rows, layout)
+  layout = _param_layout(params, mesh, axis_name, param_specs, "opt_state_specs")
+  specs = _state_specs(tx, params, mesh, axis_name, layout)
   if axis_names is None:
     return specs
-  return jax.tree.map(lambda spec: mesh_axes.restrict(spec, set(axis_names)), specs,
+  return jax.tree.map(lambda spec: restrict(spec, set(axis_names)), specs,
                       is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
@@ -215,11 +117,11 @@ def init_opt_state(tx: optax.GradientTransformation, params, mesh: jax.sharding.
   Returns:
     The optimizer state, sharded by :func:`opt_state_specs`.
   """
-  spec_tree, _ = _layout(params, mesh, axis_name, param_specs, "init_opt_state")
-  specs = opt_state_specs(tx, params, mesh, axis_name=axis_name, param_specs=param_specs)
-  init = jax.shard_map(tx.init, mesh=mesh, in_specs=(spec_tree,), out_specs=specs,
+  layout = _param_layout(params, mesh, axis_name, param_specs, "init_opt_state")
+  init = jax.shard_map(tx.init, mesh=mesh, in_specs=(layout.spec_tree(),),
+                       out_specs=_state_specs(tx, params, mesh, axis_name, layout),
                        check_vma=False)
-  with mesh_axes.known_specs(spec_tree):
+  with use_param_specs(layout.spec_tree()):
     return jax.jit(init)(params)
 
 
@@ -301,19 +203,18 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
     >>> float(loss)
     1.0
   """
-  mesh_axes.check_axis(mesh, axis_name, "data_parallel_step")
+  check_axis(mesh, axis_name, "data_parallel_step")
   data: tuple[str, ...] = (axis_name,)
   if local_axis is not None:
-    mesh_axes.check_axis(mesh, local_axis, "data_parallel_step")
+    check_axis(mesh, local_axis, "data_parallel_step")
     data = (axis_name, local_axis)
   if not callable(loss_fn):
     raise TypeError(f"data_parallel_step: loss_fn must be callable, got {type(loss_fn).__name__}.")
+  split = PartitionSpec(data if local_axis else axis_name)
+  others = tuple(a for a in mesh.axis_names if a not in data and mesh.shape[a] > 1)
+  tx = optax.with_extra_args_support(tx)
 
-  def agreed(tree):
-    return jax.tree.map(lambda a: jax.lax.pmean(a, data)
-                        if jnp.issubdtype(jnp.asarray(a).dtype, jnp.floating) else a, tree)
-
-  def local(params, opt_state, batch):
+  def local(params, opt_state, batch, param_specs):
     if local_axis is not None and find_outer(opt_state) is not None:
       raise ValueError(f"data_parallel_step: an outer loop (spardl_jax.diloco) runs one "
                        f"replica per device of {axis_name!r}; with local_axis="
@@ -321,41 +222,36 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
                        f"local_axis.")
     at = replica_params(opt_state, params)  # an outer loop's replica; else params
     out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(at, *batch)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, agreed(out)
+    updates, opt_state = tx.update(grads, opt_state, params, param_specs=param_specs)
+    means = jax.tree.map(lambda a: jax.lax.pmean(a, data) if jnp.issubdtype(
+        jnp.asarray(a).dtype, jnp.floating) else a, out)
+    return optax.apply_updates(params, updates), opt_state, means
 
-  @jax.jit
-  def jitted(params, opt_state, *batch):
-    split = PartitionSpec(data if local_axis else axis_name)
-    rows = _specs(opt_state, split, None)
-    out = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), rows, split),
-                        out_specs=(PartitionSpec(), rows, PartitionSpec()),
-                        axis_names=set(data), check_vma=False)(params, opt_state, batch)
-    specs = mesh_axes.given_specs()
+  # The parameters' specs travel as a static argument (a tuple, one spec per leaf): each
+  # layout gets its own trace, and the arrays' shardings are part of jit's cache key anyway.
+  @functools.partial(jax.jit, static_argnums=2)
+  def jitted(params, opt_state, shown, *batch):
+    specs = None if shown is None else jax.tree.unflatten(jax.tree.structure(params), shown)
+    rows = state_specs(opt_state, split)
+    params, opt_state, out = jax.shard_map(
+        functools.partial(local, param_specs=specs), mesh=mesh,
+        in_specs=(PartitionSpec(), rows, split), out_specs=(PartitionSpec(), rows, PartitionSpec()),
+        axis_names=set(data), check_vma=False)(params, opt_state, batch)
     if specs is not None:  # on Auto axes the compiler would pick the new layout; keep it
-      out = (jax.tree.map(lambda p, spec: jax.lax.with_sharding_constraint(
-          p, NamedSharding(mesh, spec)), out[0], specs,
-          is_leaf=lambda x: isinstance(x, PartitionSpec)),) + out[1:]
-    return out[:2] + (tuple(out[2]) if has_aux else (out[2],))
+      params = jax.tree.map(lambda p, spec: jax.lax.with_sharding_constraint(
+          p, NamedSharding(mesh, spec)), params, specs)
+    return (params, opt_state, *(tuple(out) if has_aux else (out,)))
 
-  others = tuple(a for a in mesh.axis_names if a not in data and mesh.shape[a] > 1)
-
-  def layout(params):
+  def shown(params):
     """The parameters' specs where the arrays carry them (placed arrays, or Explicit axes);
     None for ones traced on Auto axes (the sync then asks for ``param_specs``)."""
-    if not mesh_axes.layout_known(params, mesh, others):
+    if not specs_shown(params, mesh, others):
       return None
-    return jax.tree.unflatten(jax.tree.structure(params), mesh_axes.leaf_specs(params))
+    return tuple(leaf_specs(params))
 
   def step(params, opt_state, *batch):
-    # The arrays' shardings are part of jit's cache key, so a step traced with these specs
-    # is never reused for parameters laid out otherwise.
-    with mesh_axes.known_specs(layout(params)):
-      return jitted(params, opt_state, *batch)
+    return jitted(params, opt_state, shown(params), *batch)
 
-  def lower(params, opt_state, *batch):
-    with mesh_axes.known_specs(layout(params)):
-      return jitted.lower(params, opt_state, *batch)
-
-  step.lower = lower  # type: ignore[attr-defined]  # as a jitted function has, for the HLO
+  step.lower = lambda params, opt_state, *batch: jitted.lower(  # type: ignore[attr-defined]
+      params, opt_state, shown(params), *batch)  # as a jitted function has, for the HLO
   return step

@@ -20,7 +20,6 @@ References:
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, NamedTuple
 
 import jax
@@ -28,12 +27,15 @@ import jax.numpy as jnp
 import optax
 
 from spardl_jax.core import protocol
-from spardl_jax.sync.transform import SyncState, states_in
+from spardl_jax.core.protocol import MEAN, PER_REPLICA, REPLICATED, Field
+from spardl_jax.core.config import check_number
+from spardl_jax.sync.state import SyncState, states_in
 
 __all__ = ['DiLoCoState', 'diloco', 'find_outer', 'replica_params']
 
 
-@protocol.folds(offset=protocol.MEAN, inner=protocol.MEAN)
+@protocol.layout(count=Field(REPLICATED), offset=Field(PER_REPLICA, MEAN),
+                 inner=Field(PER_REPLICA, MEAN))
 class DiLoCoState(NamedTuple):
   """State of :func:`diloco`.
 
@@ -57,9 +59,8 @@ class DiLoCoState(NamedTuple):
 
 
 def _check(every, inner, sync, outer) -> None:
-  if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
-    raise ValueError(f"diloco: every (inner steps per outer step) must be a positive int, "
-                     f"got {every!r}.")
+  check_number("diloco", "every (inner steps per outer step)", every, "a positive int",
+               integral=True, accept=lambda e: e >= 1)
   for name, tx in (("inner", inner), ("sync", sync), ("outer", outer)):
     if not isinstance(tx, optax.GradientTransformation):
       raise TypeError(f"diloco: {name} must be an optax.GradientTransformation, got "
@@ -68,7 +69,7 @@ def _check(every, inner, sync, outer) -> None:
 
 def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformation, *,
            every: int, outer: optax.GradientTransformation | None = None
-           ) -> optax.GradientTransformation:
+           ) -> optax.GradientTransformationExtraArgs:
   """An outer loop: ``every`` local steps of ``inner`` per replica, then the mean change
   through ``sync`` and one step of ``outer``.
 
@@ -107,10 +108,12 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
       nesterov=True)``.
 
   Returns:
-    An ``optax.GradientTransformation`` whose state is a :class:`DiLoCoState`.
+    An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`DiLoCoState`;
+    its ``update``'s extra arguments go to ``sync`` (``param_specs``, say).
   """
   outer = optax.sgd(0.7, momentum=0.9, nesterov=True) if outer is None else outer
   _check(every, inner, sync, outer)
+  sync = optax.with_extra_args_support(sync)  # it takes the sync's param_specs
 
   def init_fn(params):
     sync_state = sync.init(params)
@@ -135,7 +138,7 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
     return DiLoCoState(jnp.zeros((), jnp.int32), offset, jax.tree.map(per_device, inner_state),
                        sync_state, outer.init(params))
 
-  def update_fn(grads, state, params=None):
+  def update_fn(grads, state, params=None, **extra_args):
     if not isinstance(state, DiLoCoState):
       raise TypeError(f"diloco: state must be the DiLoCoState from init, got "
                       f"{type(state).__name__}.")
@@ -155,7 +158,7 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
 
     def outer_step(offset, sync_state, outer_state):
       pseudo = jax.tree.map(jnp.negative, offset)
-      mean, sync_state = sync.update(pseudo, sync_state, params)
+      mean, sync_state = sync.update(pseudo, sync_state, params, **extra_args)
       update, outer_state = outer.update(mean, outer_state, params)
       return update, jax.tree.map(jnp.zeros_like, offset), sync_state, outer_state
 
@@ -172,7 +175,7 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
                                jax.tree.map(lambda a: a[None], new_inner), sync_state,
                                outer_state)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def replica_params(opt_state, params):

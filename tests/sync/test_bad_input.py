@@ -87,7 +87,8 @@ ROWS = [
     ("a dense method's state fed to SparDL", dense_state_to_spardl,
      r"the state does not fit 'spardl' for 10 float entries"),
     ("gradients of another structure, same size", other_structure_same_size,
-     r"float leaves have the shapes \(\(30,\), \(20,\)\), but init saw \[\(\(20,\), \(30,\)\)\]"),
+     r"float leaves have the shapes \(\(30,\), \(20,\)\), but the state was built for "
+     r"\(\(20,\), \(30,\)\)"),
     ("apply_if_finite: init_opt_state",
      lambda: sj.init_opt_state(wrapped(), PARAMS, harness.mesh(2)),
      "apply_if_finite wraps a gradient sync"),

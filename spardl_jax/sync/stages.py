@@ -1,0 +1,439 @@
+"""The stages of one gradient sync, as :func:`spardl_jax.sync_gradients` runs them.
+
+``update`` on one device (inside ``shard_map`` over every axis the sync needs bound):
+
+1. :func:`check_state`: the state is this sync's, for gradients of these leaves;
+2. :func:`local_gradient`: DGC's local clipping and momentum correction;
+3. :func:`run_level`: the method of the current level (dense warm-up, a density of the
+   schedule) all-reduces the flat vector, chosen by the step count with ``lax.switch``;
+4. :func:`agree_on_nonfinite`: DGC's momentum factor masking, and the non-finite guard every
+   device agrees on;
+5. :func:`next_stats`: this sync's :class:`~spardl_jax.SyncStats`;
+6. the synced vector cut back into the leaves (:meth:`FlatLayout.unflatten`).
+
+:func:`init` and :func:`update` are the transformation's entries: they open a ``shard_map``
+over the mesh axes a partial-auto one left to the compiler (or over every axis, for ``init``
+outside ``shard_map`` under a mesh), so the stages always see local shards. Every function
+takes the validated :class:`SyncOptions` explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec
+
+from spardl_jax.core import nonfinite as nonfinite_policy
+from spardl_jax.core import protocol
+from spardl_jax.core.allreduce import axis_size, bound_axes
+from spardl_jax.core.config import check_number
+from spardl_jax.core.nonfinite import NonFinite
+from spardl_jax.sync import levels
+from spardl_jax.sync.flat_layout import FlatLayout, columns, free_axes
+from spardl_jax.sync.placement import device_spec
+from spardl_jax.sync.specs import (check_leaf_specs, context_specs, leaf_specs, restrict,
+                                   specs_shown)
+from spardl_jax.sync.state import LeafShapes, SyncState, SyncStats
+
+__all__ = ['SyncOptions', 'init', 'update', 'init_local', 'update_local', 'check_state',
+           'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats']
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SyncOptions:
+  """The options of one :func:`spardl_jax.sync_gradients`, validated once (see its
+  docstring for each); ``levels`` are the sync's levels, not yet bound to leaf shapes."""
+
+  method: str
+  levels: tuple[levels.Level, ...]
+  axis_name: str = "data"
+  axis_size: int | None = None
+  nonfinite: NonFinite = "skip"
+  momentum: float | None = None
+  momentum_masking: bool = True
+  clip_norm: float | None = None
+  param_specs: Any = None
+  local_axis: str | None = None
+
+  def __post_init__(self):
+    who = "sync_gradients"
+    nonfinite_policy.check_policy(who, self.nonfinite)
+    if self.momentum is not None:
+      check_number(who, "momentum", self.momentum, "None or a number in [0, 1)",
+                   accept=lambda m: 0 <= m < 1)
+    if not isinstance(self.momentum_masking, bool):
+      raise ValueError(f"{who}: momentum_masking must be True or False, got "
+                       f"{self.momentum_masking!r}.")
+    if self.clip_norm is not None:
+      check_number(who, "clip_norm", self.clip_norm, "None or a finite number > 0",
+                   accept=lambda c: 0 < c < float("inf"))
+    if self.axis_size is not None:
+      check_number(who, "axis_size", self.axis_size, "a positive int", integral=True,
+                   accept=lambda p: p >= 1)
+    if self.local_axis is not None and (not isinstance(self.local_axis, str)
+                                        or self.local_axis == self.axis_name):
+      raise ValueError(f"{who}: local_axis must be None or the name of a mesh axis other "
+                       f"than axis_name={self.axis_name!r}, got {self.local_axis!r}.")
+
+  @property
+  def data_axes(self) -> tuple[str, ...]:
+    """The axes the sync reduces over: the data axis, and a host's ``local_axis``."""
+    return (self.axis_name,) if self.local_axis is None else (self.axis_name, self.local_axis)
+
+  @property
+  def reaches_result(self) -> bool:
+    """Whether a non-finite input reaches the result at every level (no agreement round)."""
+    return all(level.allreduce.nonfinite_reaches_result for level in self.levels)
+
+  def given_specs(self, door):
+    """The parameters' specs: the transformation's own ``param_specs``, else what came
+    through ``door`` (``tx.update``'s extra argument, or ``use_param_specs`` for init)."""
+    return self.param_specs if self.param_specs is not None else door
+
+
+class Trace(NamedTuple):
+  """What an update's gradients fix at trace time: their float leaves' shapes, the flat
+  layout, the promoted dtype, the levels bound to those leaves, and the devices ``p`` on
+  the data axis."""
+
+  leaves: LeafShapes
+  layout: FlatLayout
+  dtype: Any
+  levels: tuple[levels.Level, ...]
+  p: int
+
+
+def _float_leaves(tree) -> tuple[list, Any]:
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+  if not leaves:
+    raise ValueError("sync_gradients: the gradient pytree has no floating-point leaves to "
+                     "synchronize.")
+  return leaves, jnp.result_type(*(x.dtype for x in leaves))
+
+
+def _shapes(floats) -> LeafShapes:
+  return LeafShapes(tuple(tuple(int(d) for d in x.shape) for x in floats))
+
+
+def _devices(options: SyncOptions) -> tuple[int, int]:
+  """``(lead, p)``: the leading device axis of the state ``init`` creates here, and the
+  number of devices on the data axis."""
+  try:
+    return 1, jax.lax.axis_size(options.axis_name)  # Inside shard_map: this device's slice.
+  except NameError:  # the axis is not bound here: outside shard_map
+    pass
+  if options.axis_size is not None:
+    return options.axis_size, options.axis_size
+  bound = bound_axes()
+  if bound:
+    raise ValueError(
+        f"sync_gradients: axis_name={options.axis_name!r}, but init runs inside "
+        f"jax.shard_map over the axes {bound}; pass the data-parallel axis of that mesh as "
+        f"axis_name (the same to the transformation and to init_opt_state).")
+  mesh = jax.sharding.get_abstract_mesh()
+  if options.axis_name in mesh.axis_names:
+    return mesh.shape[options.axis_name], mesh.shape[options.axis_name]
+  raise ValueError(
+      f"sync_gradients: init was called outside shard_map, so the number of devices on axis "
+      f"{options.axis_name!r} is unknown. Use spardl_jax.init_opt_state(tx, params, mesh), "
+      f"call init inside jax.shard_map, run under jax.set_mesh(mesh), or pass axis_size=P.")
+
+
+def flat_layout(options: SyncOptions, tree, floats, specs, given) -> FlatLayout:
+  """How this device's float leaves of ``tree`` make its flat vector. ``specs``: every
+  leaf's spec over the whole mesh, or None where the caller has none (then ``given``, the
+  parameters' specs from a door, are read)."""
+  others = columns(options.data_axes)
+  float_specs = None
+  if others:
+    if specs is None:
+      if given is None:
+        raise ValueError(
+            f"sync_gradients: the sync runs inside a shard_map over the mesh axes "
+            f"{tuple(others)} besides {options.axis_name!r}, where each device holds only "
+            f"its shards and the sync cannot see which parameters are replicated over those "
+            f"axes; pass param_specs=<the parameters' PartitionSpecs> (the in_specs of your "
+            f"shard_map) to the transformation.")
+      specs = leaf_specs(tree, given)
+    float_specs = [spec for x, spec in zip(jax.tree.leaves(tree), specs)
+                   if jnp.issubdtype(x.dtype, jnp.floating)]
+  layout = FlatLayout.build([x.shape for x in floats], float_specs, others, options.local_axis)
+  _check_leafwise(options, layout, tuple(others))
+  return layout
+
+
+def _check_leafwise(options: SyncOptions, layout: FlatLayout, others) -> None:
+  """A method that compresses each leaf as a matrix cannot take slices of the leaves."""
+  if not any(level.allreduce.leafwise for level in options.levels):
+    return
+  if options.local_axis is not None:
+    raise ValueError(f"sync_gradients: {options.method!r} compresses each parameter as a "
+                     f"matrix, but local_axis={options.local_axis!r} syncs slices of the flat "
+                     f"gradient; use a method that sees one flat vector (sj.methods.names()).")
+  if layout.sliced:
+    raise ValueError(
+        f"sync_gradients: {options.method!r} compresses each parameter as a matrix, but some "
+        f"parameters are replicated over the mesh axes {others}, whose slices the sync "
+        f"spreads over those axes; shard every parameter over them, or use a method that "
+        f"sees one flat vector (sj.methods.names()).")
+
+
+def fresh_state(options: SyncOptions, bound, n: int, dtype, p: int):
+  """The method's per-device state for ``n`` entries. The last level's all-reduce owns it;
+  every sparse level's must share its structure (checked on shapes, nothing allocated)."""
+  structures = {jax.tree.structure(jax.eval_shape(
+      functools.partial(level.allreduce.init, n=n, dtype=dtype, p=p)))
+                for level in bound if not level.dense}
+  if len(structures) > 1:
+    raise ValueError(f"sync_gradients: the density levels of {options.method!r} keep states "
+                     f"of different structures; use one density.")
+  return bound[-1].allreduce.init(n=n, dtype=dtype, p=p)
+
+
+def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncState:
+  """The state on this device (or, outside ``shard_map``, every device's rows at once)."""
+  floats, dtype = _float_leaves(params)
+  lead, p = _devices(options)
+  n = flat_layout(options, params, floats, specs, given).n
+  bound = levels.for_leaves(list(options.levels), [x.shape for x in floats])
+
+  def rows(a):
+    a = jnp.asarray(a)
+    return jnp.broadcast_to(a[None], (lead, *a.shape))
+
+  velocity = None if options.momentum is None else jnp.zeros((lead, n), dtype)
+  return SyncState(jax.tree.map(rows, fresh_state(options, bound, n, dtype, p)), velocity,
+                   jnp.zeros((lead,), jnp.int32), SyncStats.zeros(lead), _shapes(floats))
+
+
+def check_state(options: SyncOptions, state, trace: Trace):
+  """Stage 1: ``state`` is this sync's, as one device sees it inside ``shard_map``, for
+  the gradients of ``trace``; returns the method's per-device state."""
+  if not isinstance(state, SyncState):
+    raise TypeError(f"sync_gradients: state must be the SyncState from init, got "
+                    f"{type(state).__name__}.")
+  for leaf in jax.tree.leaves(state):
+    if leaf.shape[:1] != (1,):
+      raise ValueError(
+          f"sync_gradients: update must run inside jax.shard_map over {options.axis_name!r} "
+          f"with the state sharded PartitionSpec({options.axis_name!r}) (each device sees a "
+          f"leading axis of 1), got a state leaf of shape {leaf.shape}; see "
+          f"spardl_jax.opt_state_specs.")
+  if (state.velocity is None) != (options.momentum is None):
+    raise ValueError("sync_gradients: the state was initialized with another momentum "
+                     "setting; init with this transformation.")
+  if state.leaves != trace.leaves:
+    raise ValueError(f"sync_gradients: the gradients' float leaves have the shapes "
+                     f"{trace.leaves.shapes}, but the state was built for "
+                     f"{state.leaves.shapes}; init with the same params.")
+  local = jax.tree.map(lambda a: a[0], state.method_state)
+  expected = jax.eval_shape(lambda: fresh_state(options, trace.levels, trace.layout.n,
+                                                trace.dtype, trace.p))
+  # jaxlib ships PyTreeDef.__eq__ but no stub for it: the checker cannot see it.
+  same = jax.tree.structure(local) == jax.tree.structure(expected)  # type: ignore[operator]
+  if not same or any(
+      a.shape != b.shape for a, b in zip(jax.tree.leaves(local), jax.tree.leaves(expected))):
+    raise ValueError(
+        f"sync_gradients: the state does not fit {options.method!r} for {trace.layout.n} "
+        f"float entries (it holds {type(local).__name__} with shapes "
+        f"{[a.shape for a in jax.tree.leaves(local)]}); init it with this transformation "
+        f"and the same params.")
+  return local
+
+
+def local_gradient(options: SyncOptions, flat, old_velocity, p: int):
+  """Stage 2: DGC's local clipping, then its momentum correction (the velocity is what
+  travels): ``(what the all-reduce sums, the new velocity or None)``."""
+  if options.clip_norm is not None:
+    norm = jnp.linalg.norm(flat.astype(jnp.float32))
+    limit = options.clip_norm / np.sqrt(p)
+    flat = (flat * jnp.minimum(1.0, limit / jnp.maximum(norm, 1e-30))).astype(flat.dtype)
+  if options.momentum is None:
+    return flat, None
+  velocity = (options.momentum * old_velocity[0] + flat).astype(flat.dtype)
+  return velocity, velocity
+
+
+def _run_one(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, axis_name):
+  """One level's sync of ``x``: ``(y, new_local, bytes_sent, h)``, typed alike for every
+  level so that ``lax.switch`` can choose among them."""
+  if level.dense:  # deliver the residual's mass too, and empty it
+    owed = protocol.residual(local)
+    y, _ = level.allreduce.apply(x if owed is None else x + owed, (), axis_name=axis_name)
+    if owed is not None:
+      local = local._replace(residual=jnp.zeros_like(owed))
+    bytes_sent, h = level.allreduce.stats(n=n, p=p, itemsize=itemsize, state=(), rank=None)
+  else:
+    y, local = level.allreduce.apply(x, local, axis_name=axis_name)
+    bytes_sent, h = level.allreduce.stats(n=n, p=p, itemsize=itemsize, state=local,
+                                          rank=jax.lax.axis_index(axis_name))
+  return y, local, jnp.asarray(bytes_sent, jnp.float32), jnp.asarray(h, jnp.int32)
+
+
+def run_level(options: SyncOptions, trace: Trace, x, local, count):
+  """Stage 3: the level of sync ``count`` runs (``lax.switch`` among compiled levels):
+  ``(y, new_local, bytes_sent, h, level index, local as the level saw it)``."""
+  run = functools.partial(_run_one, n=trace.layout.n, p=trace.p,
+                          itemsize=np.dtype(trace.dtype).itemsize, axis_name=options.axis_name)
+  if len(trace.levels) == 1:
+    return (*run(trace.levels[0], x, local), jnp.zeros((), jnp.int32), local)
+  starts = np.array([level.start for level in trace.levels])
+  index = (jnp.sum(count >= starts) - 1).astype(jnp.int32)
+  # Entering a sparse level restarts the method's other state for its size; the residual
+  # (delivered or still owed mass) carries over.
+  entering = jnp.isin(count, starts[1:])
+  fresh = fresh_state(options, trace.levels, trace.layout.n, trace.dtype, trace.p)
+  owed = protocol.residual(local)
+  if owed is not None:
+    fresh = fresh._replace(residual=owed)
+  local = jax.tree.map(lambda a, b: jnp.where(entering, a, b), fresh, local)
+  y, new_local, bytes_sent, h = jax.lax.switch(
+      index, [functools.partial(run, level) for level in trace.levels], x, local)
+  return y, new_local, bytes_sent, h, index, local
+
+
+def agree_on_nonfinite(options: SyncOptions, trace: Trace, x, y, local, new_local, velocity,
+                       old_velocity, index):
+  """Stage 4: DGC's momentum factor masking, then the non-finite guard every device
+  agrees on: ``(y, new_local, velocity, bad)``."""
+  bad = nonfinite_policy.any_device(options.reaches_result, x, local, y, options.axis_name)
+  others = tuple(a for a in bound_axes() if a != options.axis_name)
+  if others:  # every column skips, or none: a step is never applied to some shards only
+    bad = jax.lax.pmax(bad.astype(jnp.int32), others) > 0
+  if velocity is not None and options.momentum_masking:
+    sparse = ~jnp.asarray([level.dense for level in trace.levels])[index]
+    velocity = jnp.where(sparse & (y != 0), jnp.zeros_like(velocity), velocity)
+  if options.nonfinite == "skip":
+    y, new_local = nonfinite_policy.skip_if(bad, y, new_local, local)
+    if velocity is not None:
+      velocity = jnp.where(bad, old_velocity[0], velocity)
+  return y, new_local, velocity, bad
+
+
+def next_stats(trace: Trace, y, new_local, bytes_sent, h, bad, index, old: SyncStats
+               ) -> SyncStats:
+  """Stage 5: this sync's :class:`SyncStats`, from what every device already holds."""
+  residual = protocol.residual(new_local)
+  density = jnp.asarray([level.density for level in trace.levels], jnp.float32)[index]
+  return SyncStats(
+      selected=jnp.count_nonzero(y).astype(jnp.int32)[None],
+      bytes_sent=bytes_sent[None],
+      h=h[None],
+      residual_norm=(jnp.zeros((1,), jnp.float32) if residual is None else
+                     jnp.linalg.norm(residual.astype(jnp.float32))[None]),
+      nonfinite=old.nonfinite + bad.astype(jnp.int32),
+      density=density[None])
+
+
+def update_local(options: SyncOptions, updates, state, specs=None, given=None):
+  """Every stage on this device's local gradients: ``(the synced gradients, new state)``."""
+  p = axis_size(options.axis_name, who="sync_gradients: update")
+  leaves, treedef = jax.tree.flatten(updates)
+  floats, dtype = _float_leaves(updates)
+  layout = flat_layout(options, updates, floats, specs, given)
+  trace = Trace(_shapes(floats), layout, dtype,
+                tuple(levels.for_leaves(list(options.levels), [x.shape for x in floats])), p)
+  local = check_state(options, state, trace)
+  x, velocity = local_gradient(options, layout.flatten(floats, dtype), state.velocity, trace.p)
+  y, new_local, bytes_sent, h, index, local = run_level(options, trace, x, local,
+                                                        state.count[0])
+  y, new_local, velocity, bad = agree_on_nonfinite(options, trace, x, y, local, new_local,
+                                                   velocity, state.velocity, index)
+  new_state = SyncState(jax.tree.map(lambda a: a[None], new_local),
+                        None if velocity is None else velocity[None], state.count + 1,
+                        next_stats(trace, y, new_local, bytes_sent, h, bad, index, state.stats),
+                        state.leaves)
+  synced = iter(layout.unflatten(y, floats))  # non-float leaves pass through
+  return (jax.tree.unflatten(treedef, [next(synced) if jnp.issubdtype(x.dtype, jnp.floating)
+                                       else x for x in leaves]), new_state)
+
+
+def _local_specs(options: SyncOptions, tree, axes, who: str, given):
+  """Each leaf's spec over the mesh (a list) and over the ``axes`` the sync must open
+  itself (a tree, for ``shard_map``); a clear error where it cannot know them."""
+  mesh = jax.sharding.get_abstract_mesh()
+  others = tuple(a for a in axes if a not in options.data_axes and mesh.shape[a] > 1)
+  if not others:  # data axes only: the parameters are replicated
+    return None, jax.tree.map(lambda _: PartitionSpec(), tree)
+  if given is None and not specs_shown(tree, mesh, others):
+    raise ValueError(
+        f"sync_gradients: {who} runs where the mesh axes {others} are left to the compiler "
+        f"(Auto), so the sync cannot see how the parameters are sharded over them; pass "
+        f"param_specs=<the parameters' PartitionSpecs> to the transformation, or make "
+        f"those mesh axes Explicit.")
+  specs = leaf_specs(tree, given)
+  check_leaf_specs(tree, specs, dict(mesh.shape), options.data_axes, f"sync_gradients: {who}")
+  return specs, jax.tree.unflatten(jax.tree.structure(tree),
+                                   [restrict(spec, axes) for spec in specs])
+
+
+def init(options: SyncOptions, params) -> SyncState:
+  """The transformation's ``init``: on local shards wherever it is traced."""
+  refuse_apply_if_finite()
+  given = options.given_specs(context_specs())
+  axes = free_axes(options.axis_name)  # a partial-auto shard_map's other axes
+  mesh = jax.sharding.get_abstract_mesh()
+  if (not axes and options.axis_size is None and not bound_axes()
+      and options.axis_name in mesh.axis_names):
+    axes = tuple(mesh.axis_names)  # outside shard_map, under a mesh: each device its rows
+  if not axes:
+    return init_local(options, params, given=given)
+  rows = (device_spec(axes, options.axis_name) if options.axis_name in axes
+          else PartitionSpec(axes))
+  specs, over = _local_specs(options, params, axes, "init", given)
+  return jax.shard_map(functools.partial(init_local, options, specs=specs, given=given),
+                       in_specs=(over,), out_specs=rows, axis_names=set(axes),
+                       check_vma=False)(params)
+
+
+def update(options: SyncOptions, updates, state, param_specs=None):
+  """The transformation's ``update`` (``param_specs``: its optax extra argument)."""
+  refuse_apply_if_finite()
+  given = options.given_specs(param_specs)
+  axes = free_axes(options.axis_name)
+  if not axes:
+    return update_local(options, updates, state, given=given)
+  specs, over = _local_specs(options, updates, axes, "update", given)
+  rows = jax.tree.map(lambda _: PartitionSpec(axes), state)
+  return jax.shard_map(functools.partial(update_local, options, specs=specs, given=given),
+                       in_specs=(over, rows), out_specs=(over, rows), axis_names=set(axes),
+                       check_vma=False)(updates, state)
+
+
+@functools.cache
+def _apply_if_finite_code() -> frozenset:
+  wrapped = optax.apply_if_finite(optax.identity(), 1)
+  return frozenset({wrapped.init.__code__, wrapped.update.__code__})
+
+
+def refuse_apply_if_finite() -> None:
+  """Raises when ``optax.apply_if_finite`` is calling this sync's init or update.
+
+  It decides on each device's own gradient, before the sync, whether to run it (a
+  ``lax.cond``): a device with a NaN skips the collectives the others wait in (a hang, then
+  an abort after 40 s on CPU). Nothing the sync is handed shows the wrapper: it receives
+  only its own state and the gradients, the wrapper's state sits above it, a state can be
+  built by ``tx.init`` under ``shard_map``, with ``axis_size`` or with ``init_opt_state``,
+  and JAX has no public way to ask whether a trace is inside a ``cond`` branch. So the
+  check looks for the wrapper's own functions among the callers: one walk of the Python
+  stack at trace time, nothing in the compiled step.
+  """
+  codes = _apply_if_finite_code()
+  frame = inspect.currentframe()
+  while frame is not None:
+    if frame.f_code in codes:
+      raise ValueError(
+          "sync_gradients: optax.apply_if_finite wraps a gradient sync. It decides on each "
+          "device's own gradient before the sync runs, so a device with a NaN would skip "
+          "the collectives the others wait in (a hang). The sync agrees on every device "
+          "itself: use nonfinite='skip' (the default), which zeroes that step's update "
+          "everywhere and keeps the residuals; wrap only optimizers that come after the "
+          "sync.")
+    frame = frame.f_back
