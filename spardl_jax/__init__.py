@@ -5,14 +5,14 @@ The package is layered; dependencies point one way:
 * :mod:`spardl_jax.core` — the SparDL algorithm (layout, SRS, SAG, Bruck, GRES, costs) and
   the all-reduce protocol with its registry;
 * :mod:`spardl_jax.baselines` — the competitors (dense, TopkA, TopkDSA, gTopk, Ok-Topk);
-* :mod:`spardl_jax.sync` — the method registry by name, the optax transformation and the
-  sharding of optimizer state;
+* :mod:`spardl_jax.sync` — the method registry by name, the optax transformation and its
+  stages, where parameter specs come from, and where optimizer state lives on the mesh;
 * :mod:`spardl_jax.parallel` — multi-process setup, per-process batch rows, the launcher;
-* :mod:`spardl_jax.tools` — HLO traffic, the benchmarks.
+* :mod:`spardl_jax.tools` — HLO traffic and the one-sync benchmark.
 
-The command lines are console scripts (``spardl-bench``, ``spardl-netbench``,
-``spardl-launch``, ``spardl-schedule``), the same as ``python -m`` of their modules
-(``spardl_jax.tools.bench``, ``.tools.netbench``, ``.parallel.launch``, ``.core.schedule``).
+The command lines are console scripts (``spardl-bench``, ``spardl-launch``,
+``spardl-schedule``), the same as ``python -m`` of their modules (``spardl_jax.tools.bench``,
+``.parallel.launch``, ``.core.schedule``).
 """
 
 from spardl_jax.core import schedule

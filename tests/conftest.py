@@ -69,7 +69,7 @@ def _free_compiled_programs():
 # waiting while the other runs a 30-second test last (longest-first scheduling). The files
 # are the slowest of `pytest --durations=0` (docs/testing.md); the order of the rest is kept.
 SLOW_FIRST = ("tests/parallel/test_multiprocess.py", "tests/core/test_default_codegen.py",
-              "tests/core/test_properties.py", "tests/trainer/test_time_to_accuracy.py",
+              "tests/core/test_properties.py", "tests/benchmarks/test_time_to_accuracy.py",
               "tests/parallel/test_dispatch.py", "tests/trainer/test_train.py")
 
 

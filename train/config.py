@@ -12,7 +12,7 @@ from models.registry import Size
 from spardl_jax import methods
 
 
-# Argument types of the command lines (train, train.convergence, train.time_to_accuracy).
+# Argument types of the command lines (the trainer's, and the benchmarks' that run it).
 def bounded(kind, low, *, above: bool = False, what: str = ""):
   """An argparse type: ``kind`` values ``>= low`` (``> low`` with ``above``) and finite."""
   def parse(text):

@@ -92,7 +92,7 @@ def launch(command: list[str], *, processes: int, devices_per_process: int = 1,
   ``SystemExit(143)``: the ranks run in their own sessions, so they would outlive it.
   ``host`` is the coordinator's address (rank 0 must be reachable there); ``prefix(rank)``
   is put before the command of each rank, e.g. ``['ip', 'netns', 'exec', 'ns0']`` to run it
-  in a network namespace (:mod:`spardl_jax.tools.netbench`).
+  in a network namespace (the repository's `benchmarks/netbench.py`).
 
   Raises:
     ValueError: for ``processes`` or ``devices_per_process`` below 1, or a ``timeout`` that

@@ -212,6 +212,9 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
     raise TypeError(f"data_parallel_step: loss_fn must be callable, got {type(loss_fn).__name__}.")
   split = PartitionSpec(data if local_axis else axis_name)
   others = tuple(a for a in mesh.axis_names if a not in data and mesh.shape[a] > 1)
+  # On Explicit axes the new parameters' types carry their layout; on Auto ones it is kept.
+  auto = all(mesh.axis_types[mesh.axis_names.index(a)] == jax.sharding.AxisType.Auto
+             for a in others)
   tx = optax.with_extra_args_support(tx)
 
   def local(params, opt_state, batch, param_specs):
@@ -237,7 +240,7 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
         functools.partial(local, param_specs=specs), mesh=mesh,
         in_specs=(PartitionSpec(), rows, split), out_specs=(PartitionSpec(), rows, PartitionSpec()),
         axis_names=set(data), check_vma=False)(params, opt_state, batch)
-    if specs is not None:  # on Auto axes the compiler would pick the new layout; keep it
+    if specs is not None and auto:  # the compiler would pick the new layout; keep it
       params = jax.tree.map(lambda p, spec: jax.lax.with_sharding_constraint(
           p, NamedSharding(mesh, spec)), params, specs)
     return (params, opt_state, *(tuple(out) if has_aux else (out,)))

@@ -1,5 +1,7 @@
-"""Measuring: collectives and bytes read from compiled HLO (:mod:`.traffic`), the per-sync
-benchmark (:mod:`.bench`), the emulated-network benchmark (:mod:`.netbench`) and the
-projection of time per sync and per step to other P and links (:mod:`.project`)."""
+"""Measuring what users measure: collectives and bytes read from compiled HLO
+(:mod:`.traffic`) and one sync of every method, timed, with its HLO bytes against its formula
+(:mod:`.bench`, ``spardl-bench``). What only regenerates the project's published figures (the
+emulated network, the projection to other P and links, the training benchmarks) lives in the
+repository's ``benchmarks/``, not in the library."""
 
-__all__ = ['bench', 'netbench', 'project', 'traffic']
+__all__ = ['bench', 'traffic']

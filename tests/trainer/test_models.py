@@ -76,21 +76,3 @@ def test_unknown_model_is_a_clear_error():
     create("vgg13")
   with pytest.raises(ValueError, match="--model-size must be 'full' or 'tiny'"):
     create("vgg16", "small")
-
-
-def test_step_benchmark_reports_both_methods(tmp_path):
-  import json
-
-  from train import benchmark
-
-  assert benchmark.main(["--models", "mlp,bert", "--sizes", "tiny", "--devices", "4",
-                         "--steps", "1", "--max-memory-gb", "0.002", "--out", str(tmp_path)]) == 0
-  rows = {(r["model"], r["size"], r["method"]): r
-          for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
-  dense, sparse = rows["mlp", "tiny", "dense"], rows["mlp", "tiny", "spardl"]
-  assert dense["params"] == sparse["params"] == 1_210
-  assert 0 < sparse["bytes_per_step"] < dense["bytes_per_step"] / 10
-  assert dense["step_s"] > 0 and np.isfinite(sparse["loss"])
-  # Over 2 MB of replicated state (4 devices x 8 copies): listed, not run.
-  assert rows["bert", "tiny", "spardl"]["skipped"].startswith("needs ~")
-  assert "| mlp | tiny | 1,210 |" in (tmp_path / "results.md").read_text()

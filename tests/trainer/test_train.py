@@ -1,6 +1,6 @@
 """The trainer: no hidden dense all-reduce, a smoke run of the CLI, every task trains, a
 bit-identical resume from a checkpoint, restore onto other device counts, and flags checked
-before any work. Convergence is a benchmark (python -m train.convergence), not a test."""
+before any work. Convergence is a benchmark (python -m benchmarks.convergence), not a test."""
 
 import dataclasses
 import json

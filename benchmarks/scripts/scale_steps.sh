@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The steps-to-accuracy runs of docs/scale.md (simulated CPU devices in one process; time
 # does not matter here) and the time-to-accuracy reports built from them. Each run writes
-# docs/scale/steps/<case>/<run>/metrics.json; `python -m train.scale` reads every run of a case.
+# benchmarks/results/scale/steps/<case>/<run>/metrics.json; `python -m benchmarks.scale` reads every run of a case.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 all=dense,dense_bf16,spardl,topka,gtopk,oktopk,powersgd
 run() {  # case, run name, then python -m train flags
-  local out=docs/scale/steps/$1/$2
+  local out=benchmarks/results/scale/steps/$1/$2
   shift 2
   [ -f "$out/metrics.json" ] || python -m train --epochs 15 --no-progress --out "$out" "$@"
 }
@@ -26,8 +26,8 @@ for p in 16 64; do
   run mnist1d "density_s0_p$p" --devices $p --compare "dense$dens" --seed 0
 done
 for model in vgg16 resnet50 bert; do
-  python -m train.scale --runs docs/scale/steps/mnist1d --projection "docs/scale/$model" \
-    --model "$model" --target 0.98 --out "docs/scale/tta/mnist1d_$model"
+  python -m benchmarks.scale --runs benchmarks/results/scale/steps/mnist1d --projection "benchmarks/results/scale/$model" \
+    --model "$model" --target 0.98 --out "benchmarks/results/scale/tta/mnist1d_$model"
 done
-python -m train.scale --runs docs/scale/steps/digits --projection docs/scale/resnet50 \
-  --model resnet50 --target 0.98 --out docs/scale/tta/digits_resnet50
+python -m benchmarks.scale --runs benchmarks/results/scale/steps/digits --projection benchmarks/results/scale/resnet50 \
+  --model resnet50 --target 0.98 --out benchmarks/results/scale/tta/digits_resnet50

@@ -3,10 +3,10 @@ dense's accuracy, technique by technique.
 
 Usage::
 
-  python -m train.convergence --out docs/convergence       # every case and variant, seeds 0,1
-  python -m train.convergence --cases mnist1d_cnn1d --variants dense,paper,recipe --seeds 0
-  python -m train.convergence --cases mnist1d_cnn1d --variants outer --outer-every 30  # DiLoCo
-  python -m train.convergence --report DIR --target 0.98 --out DIR98  # another target
+  python -m benchmarks.convergence --out benchmarks/results/convergence       # every case and variant, seeds 0,1
+  python -m benchmarks.convergence --cases mnist1d_cnn1d --variants dense,paper,recipe --seeds 0
+  python -m benchmarks.convergence --cases mnist1d_cnn1d --variants outer --outer-every 30  # DiLoCo
+  python -m benchmarks.convergence --report DIR --target 0.98 --out DIR98  # another target
 
 Each case trains one model on one offline dataset on 8 simulated devices, once per variant
 and seed, on the same data order and initialization. The target is ``--target`` (95 %) of
@@ -119,7 +119,7 @@ KNOWN = tuple(dict.fromkeys(VARIANT_KEYS + OUTER_KEYS + WIRE_KEYS))
 
 
 def _parse_args(argv):
-  p = argparse.ArgumentParser(prog="python -m train.convergence", description=__doc__,
+  p = argparse.ArgumentParser(prog="python -m benchmarks.convergence", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--cases", default="all", help=f"comma list of {', '.join(CASES)} or all")
   p.add_argument("--variants", default="all",
@@ -177,7 +177,7 @@ def read_report(directory: str) -> dict:
     with open(path) as f:
       saved = json.load(f)
   except FileNotFoundError:
-    raise ValueError(f"--report: no {path} (a directory python -m train.convergence wrote "
+    raise ValueError(f"--report: no {path} (a directory python -m benchmarks.convergence wrote "
                      f"with --out)") from None
   except (OSError, json.JSONDecodeError) as error:
     raise ValueError(f"--report: {path} cannot be read: {error}") from None
@@ -185,7 +185,7 @@ def read_report(directory: str) -> dict:
   if not isinstance(rows, list) or not all(isinstance(r, dict) and {"case", "key", "curves"}
                                            <= set(r) for r in rows):
     raise ValueError(f"--report: {path} does not hold convergence results (another tool's, "
-                     f"such as python -m train.time_to_accuracy?)")
+                     f"such as python -m benchmarks.time_to_accuracy?)")
   return saved
 
 
@@ -301,7 +301,7 @@ def main(argv=None) -> int:
   try:
     return run(args)
   except ValueError as error:  # a bad report directory, a case that does not fit the devices
-    print(f"python -m train.convergence: error: {error}", file=sys.stderr)
+    print(f"python -m benchmarks.convergence: error: {error}", file=sys.stderr)
     return 2
 
 

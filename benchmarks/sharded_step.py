@@ -1,6 +1,6 @@
 """Bytes and step time of a sharded model's sync (docs/performance.md, "Sharded models").
 
-python docs/scale/sharded_step.py [--steps 20]
+python benchmarks/sharded_step.py [--steps 20]
 
 An MLP of 1.05M parameters (512 -> 1024 -> 512), tensor-parallel over "model": on a
 (data=4, model=2) mesh of 8 simulated CPU devices, SparDL at 1 % through

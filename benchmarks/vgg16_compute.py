@@ -1,7 +1,7 @@
 """Each sync's compute per rank at VGG-16's size on the default device (a GPU, or this
 machine's CPU), P = 8 ranks emulated by `jax.vmap` as `spardl-bench --emulate` does,
 PowerSGD included with VGG-16's own leaf shapes (the flat-vector bench leaves it out).
-Run from the repository root: `PYTHONPATH=. python docs/scale/vgg16_compute.py [OUT.json]`."""
+Run from the repository root: `PYTHONPATH=. python benchmarks/vgg16_compute.py [OUT.json]`."""
 
 import json
 import statistics

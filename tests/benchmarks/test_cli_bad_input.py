@@ -8,7 +8,7 @@ import pytest
 
 from spardl_jax.parallel import launch
 from spardl_jax.tools import bench
-from train import convergence, time_to_accuracy
+from benchmarks import convergence, time_to_accuracy
 
 
 def fake_tta_run(out, devices=2, methods=("dense",)):
@@ -57,7 +57,7 @@ ROWS = [
      "--outer-momentum must be in [0, 1), got 1.0"),
     ("convergence --report at a missing directory", convergence.main,
      lambda tmp: ["--report", str(tmp / "missing"), "--out", str(tmp / "cv")],
-     "results.json (a directory python -m train.convergence wrote with --out)"),
+     "results.json (a directory python -m benchmarks.convergence wrote with --out)"),
     ("convergence --report at a time-to-accuracy run", convergence.main,
      lambda tmp: ["--report", str(fake_tta_run(tmp / "tta")), "--out", str(tmp / "cv")],
      "does not hold convergence results"),

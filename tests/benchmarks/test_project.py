@@ -5,7 +5,7 @@ table (Table 1: SparDL's 2 log2 P rounds and 4 kb (P - 1) words; the ring all-re
 import pytest
 
 from spardl_jax.sync import methods
-from spardl_jax.tools import project
+from benchmarks import project
 
 N, P = 14_700_000, 8
 ETHERNET = project.LINKS["10gbe"]  # 50 us a round, 1.25 GB/s

@@ -1,18 +1,18 @@
 """The paper's reported communication speedups of SparDL (Section VI: 14 workers on Ethernet
 "with default setting", 5 on InfiniBand) against our projection of the same ratios at its P
 and model sizes. The paper gives no link rate, so 1 GbE and 10 GbE are both shown.
-Run from the repository root: `python docs/scale/paper_compare.py` (prints a Markdown
+Run from the repository root: `python benchmarks/paper_compare.py` (prints a Markdown
 table)."""
 
 import json
 
 import spardl_jax as sj
-from spardl_jax.tools import project
+from benchmarks import project
 
 DENSITY = 0.01
-# The H200's sync compute per rank that the VGG-16 projection uses (docs/scale/project.sh:
+# The H200's sync compute per rank that the VGG-16 projection uses (benchmarks/scripts/scale_project.sh:
 # P = 16, n = 14.7M), in ms, scaled here by each case's n.
-with open("docs/scale/vgg16/projection.json") as f:
+with open("benchmarks/results/scale/vgg16/projection.json") as f:
   _VGG16 = json.load(f)["args"]
 # (case, P, links, n: the paper's parameter count, {baseline: SparDL's speedup it reports}).
 CASES = [

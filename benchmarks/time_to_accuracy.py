@@ -2,13 +2,13 @@
 
 Usage::
 
-  sudo python -m train.time_to_accuracy --seeds 0,1,2 --out tta_out       # the benchmark
-  python -m train.time_to_accuracy --report --seeds 0,1,2 --out tta_out   # its report again
-  python -m train.time_to_accuracy --local --processes 2 --methods dense,spardl \\
+  sudo python -m benchmarks.time_to_accuracy --seeds 0,1,2 --out tta_out       # the benchmark
+  python -m benchmarks.time_to_accuracy --report --seeds 0,1,2 --out tta_out   # its report again
+  python -m benchmarks.time_to_accuracy --local --processes 2 --methods dense,spardl \\
       --model-size tiny --epochs 2 --steps-per-epoch 2 --out /tmp/tta        # a smoke run
 
 For each rate (``tc`` rates such as ``100mbit``, or ``unshaped``) one job of ``--processes``
-JAX processes, one per network namespace (:func:`spardl_jax.tools.netbench.network`: veth links on
+JAX processes, one per network namespace (:func:`benchmarks.netbench.network`: veth links on
 a bridge, each namespace's sending shaped with ``tc tbf``), trains the case with every
 method in turn: ``python -m train --compare METHODS`` with one CPU device per process, its
 collectives carried by gloo over the links. ``--local`` runs the processes on 127.0.0.1
@@ -53,7 +53,7 @@ CASE = {"model": "mlp_wide", "dataset": "digits", "batch_size": 64, "lr": 0.05}
 
 
 def _parse_args(argv):
-  p = argparse.ArgumentParser(prog="python -m train.time_to_accuracy", description=__doc__,
+  p = argparse.ArgumentParser(prog="python -m benchmarks.time_to_accuracy", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--processes", type=POSITIVE_INT, default=4)
   p.add_argument("--rates", default=RATES,
@@ -121,7 +121,7 @@ def run_dir(args, seed: int, rate: str) -> str:
 def run_rates(args) -> None:
   """Trains every method at every rate, for every seed."""
   from spardl_jax.parallel import launch
-  from spardl_jax.tools import netbench
+  from benchmarks import netbench
 
   def job(seed, rate, **where):
     out = run_dir(args, seed, rate)
@@ -336,7 +336,7 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv=None) -> int:
   args = _parse_args(sys.argv[1:] if argv is None else argv)
   if not args.local and not args.report and os.geteuid() != 0:
-    print("python -m train.time_to_accuracy needs root (network namespaces and tc); "
+    print("python -m benchmarks.time_to_accuracy needs root (network namespaces and tc); "
           "--local runs without them.", file=sys.stderr)
     return 2
   os.makedirs(args.out, exist_ok=True)
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
   try:
     rows = summarize(args)
   except ValueError as error:  # runs of another job under --out
-    print(f"python -m train.time_to_accuracy: error: {error}", file=sys.stderr)
+    print(f"python -m benchmarks.time_to_accuracy: error: {error}", file=sys.stderr)
     return 2
   if not rows:
     print(f"no finished runs under {args.out} for seeds {args.seeds} at {args.rates}",

@@ -1,4 +1,4 @@
-"""Time to accuracy against P (`python -m train.scale`): steps to the target read from run
+"""Time to accuracy against P (`python -m benchmarks.scale`): steps to the target read from run
 files, times the projected step computed by hand from the paper's cost table (SparDL's
 2 log2 P rounds and 4 kb (P - 1) words, the ring's 2 (P - 1) rounds and 2 (P - 1) / P n
 words); "never", lower bounds, the best density and the crossover."""
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from train import scale
+from benchmarks import scale
 
 SHAPES = [(1000, 147)]  # n = 147,000
 N = 147_000

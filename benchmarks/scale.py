@@ -1,10 +1,10 @@
 """Time to accuracy against P: the steps each method needs at each P (runs of ``python -m
-train --devices P``) times its projected time per step (``python -m spardl_jax.tools.project``).
+train --devices P``) times its projected time per step (``python -m benchmarks.project``).
 
 Usage::
 
-  python -m train.scale --runs docs/scale/steps/mnist1d --projection docs/scale/vgg16 \\
-      --model vgg16 --target 0.98 --out docs/scale/tta/mnist1d_vgg16
+  python -m benchmarks.scale --runs benchmarks/results/scale/steps/mnist1d --projection benchmarks/results/scale/vgg16 \\
+      --model vgg16 --target 0.98 --out benchmarks/results/scale/tta/mnist1d_vgg16
 
 ``--runs`` names folders; every ``metrics.json`` under them is one ``python -m train`` run
 (one P, one seed, several variants). At each P the target is ``--target`` of dense's final
@@ -32,7 +32,7 @@ import sys
 import numpy as np
 
 from spardl_jax.sync import methods
-from spardl_jax.tools import project
+from benchmarks import project
 
 __all__ = ["load_runs", "steps_table", "time_rows", "first_rows", "crossover", "main"]
 
@@ -222,12 +222,12 @@ def _plot(firsts: list[dict], path: str, *, title: str) -> None:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m train.scale", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--runs", required=True,
                       help="comma list of folders holding python -m train runs (metrics.json)")
   parser.add_argument("--projection", required=True,
-                      help="a python -m spardl_jax.tools.project --out folder (projection.json)")
+                      help="a python -m benchmarks.project --out folder (projection.json)")
   parser.add_argument("--model", required=True,
                       help="the projected model (its shapes for PowerSGD, its n), e.g. vgg16")
   parser.add_argument("--target", type=float, default=0.98,
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
   path = os.path.join(args.projection, "projection.json")
   if not os.path.isfile(path):
     parser.error(f"--projection: no projection.json in {args.projection!r}; write one with "
-                 f"python -m spardl_jax.tools.project --out")
+                 f"python -m benchmarks.project --out")
   with open(path) as f:
     projection = json.load(f)
   try:

@@ -1,6 +1,6 @@
 """All-reduce wall time over an emulated cluster network (Linux, root).
 
-``sudo python -m spardl_jax.tools.netbench --rates 1gbit,100mbit --n 14.7e6``
+``sudo python -m benchmarks.netbench --rates 1gbit,100mbit --n 14.7e6``
 
 Builds ``P`` network namespaces, each with one veth link into a bridge, every link shaped
 with ``tc qdisc ... tbf rate R`` (what a namespace sends is limited to ``R``), and runs one
@@ -100,7 +100,7 @@ def run_workers(namespaces, args, rate: str) -> dict:
   from spardl_jax.parallel import launch
 
   out = os.path.join(args.out, f"times_{rate}.json")
-  cmd = [sys.executable, "-m", "spardl_jax.tools.netbench", "--worker", "--n", str(args.n),
+  cmd = [sys.executable, "-m", "benchmarks.netbench", "--worker", "--n", str(args.n),
          "--density", str(args.density), "--repeats", str(args.repeats), "--methods",
          ",".join(args.methods), "--out", out]
   if launch.launch(cmd, processes=len(namespaces), host=f"{SUBNET}.1", timeout=args.timeout,
@@ -154,7 +154,7 @@ def worker(args) -> int:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m spardl_jax.tools.netbench", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.netbench", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--processes", type=int, default=4)
   parser.add_argument("--rates", default="1gbit,100mbit", help="tc rates, comma separated")

@@ -2,8 +2,8 @@
 
 Usage::
 
-  python -m train.benchmark                          # every model, tiny and full, 8 devices
-  python -m train.benchmark --models vgg16,bert --sizes full --steps 5 --out bench_out
+  python -m benchmarks.step_time                          # every model, tiny and full, 8 devices
+  python -m benchmarks.step_time --models vgg16,bert --sizes full --steps 5 --out bench_out
 
 For each model, size and method it builds the real train step (``train.train``: the model,
 the gradient sync, SGD with momentum, inside ``shard_map``) on synthetic batches shaped like
@@ -35,7 +35,7 @@ COPIES = 8
 def _parse_args(argv):
   from models import MODELS
 
-  p = argparse.ArgumentParser(prog="python -m train.benchmark", description=__doc__,
+  p = argparse.ArgumentParser(prog="python -m benchmarks.step_time", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--models", default="all", help=f"comma list of {', '.join(MODELS)} or all")
   p.add_argument("--sizes", default="tiny,full", help="comma list of tiny, full")

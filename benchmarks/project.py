@@ -3,10 +3,10 @@ measured compute.
 
 Usage::
 
-  python -m spardl_jax.tools.project --n 14.7e6 --step-ms 4.1 \\
+  python -m benchmarks.project --n 14.7e6 --step-ms 4.1 \\
       --compute dense=0.07,spardl=2.2,oktopk=1.1,topka=7.9 --links 100mbit,10gbe,ib100 \\
       --p 2,4,8,16,32,64,128,256,512,1024 --out scale_out
-  python -m spardl_jax.tools.project --validate netbench_out/results.json
+  python -m benchmarks.project --validate netbench_out/results.json
 
 For a method at ``P`` workers and ``n`` gradient entries:
 
@@ -130,7 +130,7 @@ def validate(results: dict, *, p: int, n: int, density: float,
 
 
 def per_step(tta: dict, seed: int) -> dict:
-  """A ``python -m train.time_to_accuracy`` ``results.json`` as :func:`validate`'s input:
+  """A ``python -m benchmarks.time_to_accuracy`` ``results.json`` as :func:`validate`'s input:
   each method's mean seconds per train step at each rate for ``seed``, with its bytes per
   step (the run's bytes over its steps)."""
   steps = tta["args"]["epochs"] * tta["args"]["steps_per_epoch"]
@@ -182,7 +182,7 @@ def plot_against_p(series: dict, path: str, *, title: str, ylabel: str) -> None:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m spardl_jax.tools.project", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.project", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--n", type=lambda v: int(float(v)), default=14_700_000)
   parser.add_argument("--density", type=float, default=0.01)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from train import time_to_accuracy
+from benchmarks import time_to_accuracy
 
 
 def test_smoke_run_reports_every_method(tmp_path, capsys):

@@ -1,0 +1,60 @@
+"""The house stays as docs/design.md draws it: its layout table names every module that exists
+(and none that does not), and the sync's stages stay small enough to read and type alone."""
+
+import ast
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _body_lines(node) -> int:
+  """Lines of a function, its docstring aside."""
+  body = node.body
+  first = body[0]
+  if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(
+      first.value.value, str):
+    if len(body) == 1:
+      return 0
+    first = body[1]
+  return node.end_lineno - first.lineno + 1
+
+
+def _functions(tree, inside=False):
+  """``(function, is_closure)`` for every function in ``tree``, nested ones included."""
+  for node in ast.iter_child_nodes(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      yield node, inside
+      yield from _functions(node, True)
+    else:
+      yield from _functions(node, inside)
+
+
+def test_no_function_of_the_sync_is_a_module_in_disguise():
+  too_long = []
+  for path in sorted((ROOT / "spardl_jax" / "sync").glob("*.py")):
+    for node, closure in _functions(ast.parse(path.read_text())):
+      limit = 40 if closure else 80
+      if _body_lines(node) > limit:
+        too_long.append(f"{path.name}:{node.lineno} {node.name} ({_body_lines(node)} > {limit})")
+  assert not too_long
+
+
+def test_sync_gradients_is_a_small_factory():
+  tree = ast.parse((ROOT / "spardl_jax" / "sync" / "transform.py").read_text())
+  factory = next(node for node in tree.body
+                 if isinstance(node, ast.FunctionDef) and node.name == "sync_gradients")
+  closures = [node.name for node, _ in _functions(factory)]
+  assert _body_lines(factory) <= 60 and closures == ["init_fn", "update_fn"]
+
+
+def test_the_layout_table_names_every_module():
+  """docs/design.md's layout table lists each module of the library as a `path` in its first
+  column; a module added, moved or removed must show there."""
+  text = (ROOT / "docs" / "design.md").read_text()
+  table = text[text.index("## Layout"):]
+  table = table[:table.index("\n## ", 1)] if "\n## " in table[1:] else table
+  named = set(re.findall(r"^\| `([^`]+\.py)`", table, flags=re.M))
+  existing = {str(p.relative_to(ROOT)) for p in (ROOT / "spardl_jax").rglob("*.py")
+              if p.name != "__init__.py"}
+  assert named == existing, (sorted(existing - named), sorted(named - existing))
