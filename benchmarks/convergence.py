@@ -32,6 +32,8 @@ import sys
 
 import numpy as np
 
+from benchmarks import runs
+from benchmarks.cli import SEEDS, fraction
 from spardl_jax.core.config import WIRE_FORMATS
 from train.config import (NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, RECIPES,
                           TrainConfig, Tuning, Variant, recipe_tuning)
@@ -126,7 +128,7 @@ def _parse_args(argv):
                  help=f"comma list of {', '.join(KNOWN)}, or a group: all ("
                       f"{', '.join(VARIANT_KEYS)}), outer ({', '.join(OUTER_KEYS)}) or wire "
                       f"({', '.join(WIRE_KEYS)}); dense always runs: it sets the target")
-  p.add_argument("--target", type=POSITIVE_FLOAT, default=0.95,
+  p.add_argument("--target", type=fraction, default=0.95,
                  help="the target, a fraction of dense's final test metric (default 0.95)")
   p.add_argument("--outer-every", type=POSITIVE_INT, default=OUTER.outer,
                  help="the outer loops' H (default %(default)s)")
@@ -136,9 +138,13 @@ def _parse_args(argv):
                  help="the SparDL outer sync's density (default %(default)s)")
   p.add_argument("--outer-wire", default=OUTER_WIRE, choices=WIRE_FORMATS,
                  help="the SparDL outer sync's wire (default %(default)s)")
-  p.add_argument("--seeds", default="0,1", help="comma list of seeds")
+  p.add_argument("--seeds", type=SEEDS, default=[0, 1], help="comma list of seeds")
   p.add_argument("--devices", type=POSITIVE_INT, default=8,
                  help="simulated devices; must divide every chosen case's batch size")
+  p.add_argument("--epochs", type=POSITIVE_INT, default=None,
+                 help="every case's epochs (default: each case's own; less for a quick look)")
+  p.add_argument("--steps-per-epoch", type=POSITIVE_INT, default=None,
+                 help="every case's steps between evaluations (default: each case's own)")
   p.add_argument("--out", default="convergence_out")
   p.add_argument("--report", default=None, metavar="DIR[,DIR...]",
                  help="train nothing: write the table and plot of earlier runs' "
@@ -153,15 +159,9 @@ def _parse_args(argv):
     if k not in KNOWN:
       p.error(f"--variants: unknown {k!r}; choose from {', '.join(KNOWN)}, or a group: "
               f"{', '.join(GROUPS)}")
-  if not args.target <= 1:
-    p.error(f"--target: a fraction of dense's final metric in (0, 1], got {args.target}")
   if args.outer_momentum >= 1:
     p.error(f"--outer-momentum must be in [0, 1), got {args.outer_momentum}")
   args.variants = ["dense"] + [k for k in keys if k != "dense"]
-  try:
-    args.seeds = [int(s) for s in args.seeds.split(",")]
-  except ValueError:
-    p.error(f"--seeds: expected a comma list of ints, got {args.seeds!r}")
   misfit = [c for c in args.cases if CASES[c].batch_size % args.devices]
   if misfit and not args.report:
     p.error(f"--devices {args.devices} does not divide the batch size of "
@@ -189,29 +189,29 @@ def read_report(directory: str) -> dict:
   return saved
 
 
-def summarize(case: str, runs: dict[str, list], steps_per_epoch: int,
+def summarize(case: str, by_key: dict[str, list], steps_per_epoch: int,
               fraction: float = 0.95) -> list[dict]:
   """One row per variant: steps and bytes to the target (``fraction`` of dense's mean final
   test metric), their ratios to dense's, and the final metric; means over the seeds (a seed
   that never reaches the target makes the mean missing)."""
-  metric = runs["dense"][0].metric
+  metric = by_key["dense"][0].metric
   return rows_at(case, {key: {
       "variant": results[0].variant, "metric": metric,
       "bytes_per_step": results[0].bytes_per_step,
       "curves": [[(h["epoch"] * steps_per_epoch, h["bytes_sent"], h[f"test_{metric}"])
-                  for h in r.history] for r in results]} for key, results in runs.items()},
+                  for h in r.history] for r in results]} for key, results in by_key.items()},
       fraction)
 
 
-def rows_at(case: str, runs: dict[str, dict], fraction: float) -> list[dict]:
+def rows_at(case: str, variants: dict[str, dict], fraction: float) -> list[dict]:
   """:func:`summarize`'s rows from each variant's ``curves`` (per seed, ``(steps, bytes,
   test metric)`` at each epoch's end), so a report can take another target."""
   final = lambda curve: curve[-1][2]  # noqa: E731
-  target = fraction * float(np.mean([final(c) for c in runs["dense"]["curves"]]))
+  target = runs.target([final(c) for c in variants["dense"]["curves"]], fraction)
   dense_steps = dense_bytes = None
   rows = []
-  for key, run in runs.items():
-    reached = [next(((s, b) for s, b, m in curve if m >= target), (None, None))
+  for key, run in variants.items():
+    reached = [(runs.first_reaching(curve, target) or (None, None, None))[:2]
                for curve in run["curves"]]
     steps = [s for s, _ in reached]
     sent = [b for _, b in reached]
@@ -329,7 +329,10 @@ def run(args) -> int:
   datasets: dict = {}  # (case, seed) -> dataset: loaded once, shared by the variants
   for case, key, seed in tqdm(jobs, desc="runs", unit="run", file=sys.stderr):
     # Each variant's tuning is explicit: no recipe defaults on top.
-    cfg = dataclasses.replace(CASES[case], devices=args.devices, seed=seed, recipe="paper")
+    cfg = dataclasses.replace(CASES[case], devices=args.devices, seed=seed, recipe="paper",
+                              **{k: v for k, v in (("epochs", args.epochs),
+                                                   ("steps_per_epoch", args.steps_per_epoch))
+                                 if v is not None})
     if (case, seed) not in datasets:
       datasets[case, seed] = data.load(cfg.dataset, data_request(cfg))
     ds = datasets[case, seed]

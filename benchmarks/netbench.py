@@ -96,15 +96,17 @@ def shape(namespaces: list[str], rate: str) -> None:
 
 
 def run_workers(namespaces, args, rate: str) -> dict:
-  """One process per namespace; returns rank 0's timings."""
+  """One process per namespace (or, with ``--local``, ``--processes`` on this host's
+  loopback); returns rank 0's timings."""
   from spardl_jax.parallel import launch
 
   out = os.path.join(args.out, f"times_{rate}.json")
   cmd = [sys.executable, "-m", "benchmarks.netbench", "--worker", "--n", str(args.n),
          "--density", str(args.density), "--repeats", str(args.repeats), "--methods",
          ",".join(args.methods), "--out", out]
-  if launch.launch(cmd, processes=len(namespaces), host=f"{SUBNET}.1", timeout=args.timeout,
-                   prefix=in_namespace(namespaces)):
+  where = {} if namespaces is None else {"host": f"{SUBNET}.1",
+                                         "prefix": in_namespace(namespaces)}
+  if launch.launch(cmd, processes=args.processes, timeout=args.timeout, **where):
     raise SystemExit(f"a worker failed at {rate}")
   with open(out) as f:
     return json.load(f)
@@ -164,23 +166,33 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--timeout", type=float, default=1800, help="seconds per rate")
   parser.add_argument("--out", default="netbench_out")
+  parser.add_argument("--local", action="store_true",
+                      help="processes on 127.0.0.1: no namespaces, no shaping, no root (a "
+                           "smoke run; --rates unshaped)")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   args.methods = args.methods.split(",")
+  rates = args.rates.split(",")
   if "spardl" not in args.methods:
     parser.error(f"--methods must include 'spardl' (the ratios are to it), got {args.methods}")
+  if args.local and rates != [UNSHAPED]:
+    parser.error(f"--local cannot shape the network: use --rates {UNSHAPED}, got {rates}")
   if args.worker:
     return worker(args)
-  if os.geteuid() != 0:
-    print("netbench needs root (network namespaces and tc).", file=sys.stderr)
+  if not args.local and os.geteuid() != 0:
+    print("netbench needs root (network namespaces and tc); --local runs without them.",
+          file=sys.stderr)
     return 2
   os.makedirs(args.out, exist_ok=True)
   args.out = os.path.abspath(args.out)
   results = {}
-  with network(args.processes) as namespaces:
-    for rate in args.rates.split(","):
-      shape(namespaces, rate)
-      results[rate] = run_workers(namespaces, args, rate)
+  if args.local:
+    results[UNSHAPED] = run_workers(None, args, UNSHAPED)
+  else:
+    with network(args.processes) as namespaces:
+      for rate in rates:
+        shape(namespaces, rate)
+        results[rate] = run_workers(namespaces, args, rate)
   print(f"wall time per sync (median of {args.repeats}), P = {args.processes} processes, "
         f"n = {args.n:,}, density {args.density}")
   print("| method | bytes/device | " + " | ".join(f"{r} (s) | {r} vs SparDL" for r in results)

@@ -1,24 +1,19 @@
 """Seconds per step of an outer loop's sync against per-step SparDL syncs (docs/outer.md):
-4 simulated CPU devices, 4.35M parameters, a linear loss; 7 timed steps after one untimed."""
+4 simulated CPU devices, 4.35M parameters, a linear loss; 7 timed steps after one untimed.
 
-import os
+python -m benchmarks.outer_sync_time [--n 4350000] [--steps 7]
+"""
+
+import argparse
 import time
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-import jax  # noqa: E402  (after the flag that makes the devices)
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
-
-import spardl_jax as sj  # noqa: E402
-
-N = 4_350_000
-mesh = jax.make_mesh((4,), ("data",))
-params = jax.device_put({"w": jnp.zeros((N,))}, NamedSharding(mesh, P()))
-batch = jax.device_put(np.random.default_rng(0).normal(size=(4, N)).astype(np.float32),
-                       NamedSharding(mesh, P("data")))
+import spardl_jax as sj
 
 
 def loss(p, c):
@@ -34,13 +29,31 @@ RUNS = {
     "per-step 1% compact": optax.chain(sj.spardl(density=0.01, wire="compact"),
                                        optax.sgd(0.1)),
 }
-for name, tx in RUNS.items():
-  state = sj.init_opt_state(tx, params, mesh)
-  step = sj.data_parallel_step(loss, tx, mesh)
-  p, state, _ = jax.block_until_ready(step(params, state, batch))
-  seconds = []
-  for _ in range(7):
-    start = time.perf_counter()
-    p, state, _ = jax.block_until_ready(step(p, state, batch))
-    seconds.append(round(time.perf_counter() - start, 3))
-  print(name, seconds)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.outer_sync_time",
+                                   description=__doc__)
+  parser.add_argument("--n", type=int, default=4_350_000)
+  parser.add_argument("--steps", type=int, default=7)
+  args = parser.parse_args(argv)
+  mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
+  params = jax.device_put({"w": jnp.zeros((args.n,))}, NamedSharding(mesh, P()))
+  batch = jax.device_put(np.random.default_rng(0).normal(size=(4, args.n)).astype(np.float32),
+                         NamedSharding(mesh, P("data")))
+  for name, tx in RUNS.items():
+    state = sj.init_opt_state(tx, params, mesh)
+    step = sj.data_parallel_step(loss, tx, mesh)
+    p, state, _ = jax.block_until_ready(step(params, state, batch))
+    seconds = []
+    for _ in range(args.steps):
+      start = time.perf_counter()
+      p, state, _ = jax.block_until_ready(step(p, state, batch))
+      seconds.append(round(time.perf_counter() - start, 3))
+    print(name, seconds)
+  return 0
+
+
+if __name__ == "__main__":
+  jax.config.update("jax_num_cpu_devices", 4)  # simulated CPU devices, before any is used
+  raise SystemExit(main())

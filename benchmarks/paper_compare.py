@@ -1,19 +1,29 @@
 """The paper's reported communication speedups of SparDL (Section VI: 14 workers on Ethernet
 "with default setting", 5 on InfiniBand) against our projection of the same ratios at its P
 and model sizes. The paper gives no link rate, so 1 GbE and 10 GbE are both shown.
-Run from the repository root: `python benchmarks/paper_compare.py` (prints a Markdown
+Run from the repository root: `python -m benchmarks.paper_compare` (prints a Markdown
 table)."""
 
+import functools
 import json
+import os
 
 import spardl_jax as sj
 from benchmarks import project
 
 DENSITY = 0.01
-# The H200's sync compute per rank that the VGG-16 projection uses (benchmarks/scripts/scale_project.sh:
+# The H200's sync compute per rank that the VGG-16 projection uses (scripts/scale_project.sh:
 # P = 16, n = 14.7M), in ms, scaled here by each case's n.
-with open("benchmarks/results/scale/vgg16/projection.json") as f:
-  _VGG16 = json.load(f)["args"]
+PROJECTION = os.path.join(os.path.dirname(__file__), "results", "scale", "vgg16",
+                          "projection.json")
+
+
+@functools.cache
+def _vgg16() -> dict:
+  with open(PROJECTION) as f:
+    return json.load(f)["args"]
+
+
 # (case, P, links, n: the paper's parameter count, {baseline: SparDL's speedup it reports}).
 CASES = [
     ("VGG-19 / CIFAR-100", 14, ("1gbe", "10gbe"), 20.1e6,
@@ -32,13 +42,14 @@ CASES = [
 
 def speedup(baseline: str, *, p: int, n: int, link: str, with_compute: bool) -> float:
   def seconds(name: str) -> float:
-    compute = (_VGG16["compute"][name] / 1e3 * n / _VGG16["n"]) if with_compute else 0.0
+    compute = (_vgg16()["compute"][name] / 1e3 * n / _vgg16()["n"]) if with_compute else 0.0
     return project.sync_seconds(sj.methods.make(name, density=DENSITY), p=p, n=n,
                                 link=project.LINKS[link], compute_s=compute)
   return seconds(baseline) / seconds("spardl")
 
 
-def main() -> None:
+def main(argv=None) -> int:
+  del argv  # no options
   links = ("1gbe", "10gbe", "ib100")
   print("SparDL's speedup in communication: the paper's, then ours as communication only / "
         "with the H200's measured compute\n")
@@ -50,7 +61,8 @@ def main() -> None:
                           for c in (False, True)) if link in case_links else ""
                for link in links]
       print(f"| {case} | {p} | {baseline} | {paper}× | " + " | ".join(cells) + " |")
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(main())

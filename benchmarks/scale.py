@@ -24,7 +24,6 @@ fixed density) and at its best density (the least time to the target at that P a
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys
@@ -32,7 +31,8 @@ import sys
 import numpy as np
 
 from spardl_jax.sync import methods
-from benchmarks import project
+from benchmarks import project, runs
+from benchmarks.cli import fraction
 
 __all__ = ["load_runs", "steps_table", "time_rows", "first_rows", "crossover", "main"]
 
@@ -43,22 +43,15 @@ def load_runs(folders: list[str]) -> dict[int, dict[str, dict]]:
   """``{P: {label: {"method", "options", "curves": {seed: [(steps, test metric)]}}}}`` from
   every ``metrics.json`` under ``folders``; a (P, seed, label) met twice (dense, run again
   beside other variants) keeps its first run."""
-  paths = sorted(p for folder in folders
-                 for p in glob.glob(os.path.join(folder, "**", "metrics.json"), recursive=True))
-  if not paths:
-    raise ValueError(f"--runs: no metrics.json under {', '.join(folders)}")
+  try:
+    found = runs.find(folders)
+  except ValueError as error:
+    raise ValueError(f"--runs: {error}") from None
   by_p: dict[int, dict[str, dict]] = {}
-  for path in paths:
-    with open(path) as f:
-      run = json.load(f)
-    cfg = run["config"]
-    p, seed = int(cfg["devices"]), int(cfg["seed"])
-    for variant, result in zip(cfg["variants"], run["runs"]):
-      entry = by_p.setdefault(p, {}).setdefault(
-          variant["label"], {"method": variant["method"], "options": variant["options"],
-                             "curves": {}})
-      metric = f"test_{result['metric']}"
-      entry["curves"].setdefault(seed, [(h["steps"], h[metric]) for h in result["history"]])
+  for run in found:
+    entry = by_p.setdefault(run.devices, {}).setdefault(
+        run.label, {"method": run.method, "options": run.options, "curves": {}})
+    entry["curves"].setdefault(run.seed, run.curve())
   return by_p
 
 
@@ -68,13 +61,13 @@ def steps_table(by_p: dict[int, dict[str, dict]], fraction: float) -> list[dict]
   for p, labels in sorted(by_p.items()):
     if "dense" not in labels:
       raise ValueError(f"--runs: no dense run at P = {p}; dense sets the target")
-    target = fraction * float(np.mean([c[-1][1] for c in labels["dense"]["curves"].values()]))
+    goal = runs.target([c[-1][1] for c in labels["dense"]["curves"].values()], fraction)
     for label, entry in labels.items():
       seeds = sorted(entry["curves"])
-      steps = [next((s for s, m in entry["curves"][seed] if m >= target), None)
+      steps = [(runs.first_reaching(entry["curves"][seed], goal) or (None,))[0]
                for seed in seeds]
       rows.append({"p": p, "label": label, "method": entry["method"],
-                   "options": entry["options"], "target": target, "seeds": seeds,
+                   "options": entry["options"], "target": goal, "seeds": seeds,
                    "steps": steps,
                    "mean_steps": None if None in steps else float(np.mean(steps)),
                    "final": [entry["curves"][seed][-1][1] for seed in seeds]})
@@ -230,13 +223,11 @@ def main(argv=None) -> int:
                       help="a python -m benchmarks.project --out folder (projection.json)")
   parser.add_argument("--model", required=True,
                       help="the projected model (its shapes for PowerSGD, its n), e.g. vgg16")
-  parser.add_argument("--target", type=float, default=0.98,
+  parser.add_argument("--target", type=fraction, default=0.98,
                       help="fraction of dense's final test metric (default 0.98)")
   parser.add_argument("--title", default="")
   parser.add_argument("--out", help="folder for results.json, results.md and tta.png")
   args = parser.parse_args(argv)
-  if not 0 < args.target <= 1:
-    parser.error(f"--target must be in (0, 1], got {args.target}")
   path = os.path.join(args.projection, "projection.json")
   if not os.path.isfile(path):
     parser.error(f"--projection: no projection.json in {args.projection!r}; write one with "

@@ -1,6 +1,6 @@
 """Bytes and step time of a sharded model's sync (docs/performance.md, "Sharded models").
 
-python benchmarks/sharded_step.py [--steps 20]
+python -m benchmarks.sharded_step [--steps 20]
 
 An MLP of 1.05M parameters (512 -> 1024 -> 512), tensor-parallel over "model": on a
 (data=4, model=2) mesh of 8 simulated CPU devices, SparDL at 1 % through
@@ -15,14 +15,12 @@ import statistics
 import time
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-jax.config.update("jax_num_cpu_devices", 8)
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
-
-import spardl_jax as sj  # noqa: E402
+import spardl_jax as sj
 
 AUTO = (jax.sharding.AxisType.Auto,) * 2
 SHAPES = {"w1": (512, 1024), "b1": (1024,), "w2": (1024, 512), "b2": (512,)}
@@ -40,8 +38,10 @@ def place(mesh, specs, seed=0):
 
 
 def variants(batch):
-  mesh2 = jax.make_mesh((4, 2), ("data", "model"), axis_types=AUTO)
-  mesh1 = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  devices = jax.devices()[:8]
+  mesh2 = jax.make_mesh((4, 2), ("data", "model"), axis_types=AUTO, devices=devices)
+  mesh1 = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
+                        devices=devices)
   out = {}
   for name, mesh, specs in (("SparDL 1 %, sharded (4 x 2)", mesh2, TENSOR),
                             ("SparDL 1 %, replicated (8)", mesh1, {})):
@@ -61,10 +61,10 @@ def variants(batch):
   return out
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__)
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.sharded_step", description=__doc__)
   parser.add_argument("--steps", type=int, default=20)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   rng = np.random.default_rng(1)
   x = rng.standard_normal((256, 512)).astype(np.float32)
   batch = (x, np.tanh(x) * 0.5)
@@ -89,7 +89,9 @@ def main():
   for name, t in times.items():
     m = statistics.median(t[2:])
     print(f"{name}: {m * 1e3:.1f} ms/step ({m / base:.2f}x dense), loss {losses[name]:.4f}")
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  jax.config.update("jax_num_cpu_devices", 8)  # simulated CPU devices, before any is used
+  raise SystemExit(main())

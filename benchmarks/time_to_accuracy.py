@@ -42,7 +42,10 @@ import os
 import statistics
 import sys
 
+from benchmarks import runs
+from benchmarks.cli import FRACTIONS, SEEDS
 from models.registry import SIZES
+from train import report
 from train.config import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT
 
 DEFAULT_METHODS = ("dense,dense_bf16,powersgd:rank=4,powersgd:rank=16,spardl,oktopk,gtopk,topka,"
@@ -67,12 +70,12 @@ def _parse_args(argv):
   p.add_argument("--steps-per-epoch", type=NON_NEGATIVE_INT, default=11,
                  help="steps between evaluations (default 11, half an epoch of digits; 0: "
                       "a whole epoch)")
-  p.add_argument("--targets", default="0.95,0.98",
+  p.add_argument("--targets", type=FRACTIONS, default=[0.95, 0.98],
                  help="targets as fractions of dense's final test accuracy at the same rate, "
                       "comma separated (default 0.95,0.98)")
   p.add_argument("--alpha", type=NON_NEGATIVE_FLOAT, default=5e-4,
                  help="modeled latency per round in seconds (default 0.5 ms)")
-  p.add_argument("--seeds", default="0", help="comma list of seeds (default 0)")
+  p.add_argument("--seeds", type=SEEDS, default=[0], help="comma list of seeds (default 0)")
   p.add_argument("--timeout", type=POSITIVE_FLOAT, default=3600, help="seconds per rate")
   p.add_argument("--local", action="store_true",
                  help="processes on 127.0.0.1: no namespaces, no shaping, no root")
@@ -84,16 +87,6 @@ def _parse_args(argv):
   args.rates = [r for r in args.rates.split(",") if r]
   if "dense" not in args.methods:
     p.error(f"--methods must include 'dense' (it sets the target), got {args.methods}")
-  try:
-    args.seeds = list(dict.fromkeys(int(s) for s in args.seeds.split(",")))
-  except ValueError:
-    p.error(f"--seeds must be a comma list of integers, got {args.seeds!r}")
-  try:
-    args.targets = [float(t) for t in args.targets.split(",")]
-  except ValueError:
-    args.targets = []
-  if not args.targets or not all(0 < t <= 1 for t in args.targets):
-    p.error(f"--targets must be a comma list of fractions in (0, 1], got {args.targets!r}")
   if args.local and args.rates != ["unshaped"]:
     p.error(f"--local cannot shape the network: use --rates unshaped, got {args.rates}")
   if os.path.exists(args.out) and not os.path.isdir(args.out):
@@ -176,13 +169,11 @@ def summarize(args) -> list[dict]:
     if not os.path.exists(path):
       print(f"no run for seed {seed} at {rate} ({path}): left out", file=sys.stderr)
       continue
-    with open(path) as f:
-      saved = json.load(f)
-    devices = saved["config"].get("devices")
-    if devices != args.processes:  # rounds per step depend on it
-      raise ValueError(f"{path} was trained on {devices} processes: pass --processes "
-                       f"{devices}, got {args.processes}.")
-    finished[seed, rate] = {r["method"]: r for r in saved["runs"]}
+    finished[seed, rate] = {run.label: run for run in report.read(path)}
+    devices = {run.devices for run in finished[seed, rate].values()}
+    if devices != {args.processes}:  # rounds per step depend on it
+      raise ValueError(f"{path} was trained on {', '.join(map(str, devices))} processes: pass "
+                       f"--processes {', '.join(map(str, devices))}, got {args.processes}.")
     missing = [spec for spec in args.methods if spec not in finished[seed, rate]]
     if missing:
       raise ValueError(f"{path} has no run of {missing}: it holds "
@@ -190,14 +181,14 @@ def summarize(args) -> list[dict]:
   rows = []
   for seed, fraction, rate in ((s, f, r) for s in args.seeds for f in args.targets
                                for r in args.rates if (s, r) in finished):
-    runs = finished[seed, rate]
-    target = fraction * runs["dense"]["history"][-1]["test_accuracy"]
+    here = finished[seed, rate]
+    goal = runs.target([here["dense"].final], fraction)
     for spec in args.methods:
-      history = runs[spec]["history"]
-      hit = next((h for h in history if h["test_accuracy"] >= target), None)
+      history = here[spec].history
+      hit = runs.first_reaching(history, goal, metric=lambda h: h["test_accuracy"])
       reached = None if hit is None else hit["steps"]
       rows.append({
-          "seed": seed, "fraction": fraction, "rate": rate, "method": spec, "target": target,
+          "seed": seed, "fraction": fraction, "rate": rate, "method": spec, "target": goal,
           "seconds_to_target": None if hit is None else hit["train_seconds"],
           "steps_to_target": reached,
           "seconds_with_latency": None if hit is None else (
@@ -206,7 +197,7 @@ def summarize(args) -> list[dict]:
           "bytes_per_device": history[-1]["bytes_sent"],
           "seconds_per_step": history[-1]["train_seconds"] / history[-1]["steps"],
           "rounds_per_step": rounds[spec],
-          "curve": [(h["train_seconds"], h["test_accuracy"]) for h in history],
+          "curve": here[spec].curve("train_seconds"),
       })
   return rows
 

@@ -46,8 +46,10 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 # Simulated CPU devices for every test, set once before the backend starts: the CPU backend
-# reads the count only when it starts.
+# reads the count only when it starts. It is started here, so that code under test that asks
+# for another count (the trainer's --devices, in process) cannot change it for later tests.
 jax.config.update("jax_num_cpu_devices", 16)
+jax.devices()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -57,10 +59,7 @@ def _free_compiled_programs():
   kernel's vm.max_map_count (65530) and crashed inside the compiler."""
   yield
   from tests import harness
-  harness.compiled.cache_clear()
-  harness._executable.cache_clear()
-  harness.compiled_method.cache_clear()
-  harness.method_executable.cache_clear()
+  harness.clear()
   jax.clear_caches()
   gc.collect()
 

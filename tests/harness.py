@@ -143,3 +143,10 @@ def update_fn(tx, p, params):
 def put_rows(p, tree):
   """Every leaf of `tree` sharded over its leading (device) axis, as jax.device_put does."""
   return jax.device_put(tree, NamedSharding(mesh(p), P(AXIS)))
+
+
+def clear() -> None:
+  """Drops every program this module compiled and keeps (tests/conftest.py, after each
+  module)."""
+  for cached in (compiled, _executable, compiled_method, method_executable):
+    cached.cache_clear()

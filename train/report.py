@@ -1,12 +1,81 @@
-"""Metrics files, the plot and the final table of a training run."""
+"""Metrics files, the plot and the final table of a training run.
+
+``metrics.json`` is the run's record: the run's configuration and one :class:`RunRecord` per
+variant. It is written by :func:`write` and read back by :func:`read` (the benchmarks read
+runs only through it).
+"""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
+from typing import Any
 
 from train.train import RunResult
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+  """One variant's run as ``metrics.json`` keeps it.
+
+  Attributes:
+    label: the variant's spec, e.g. ``'spardl:density=0.05'`` (its key in ``--compare``).
+    method: the registered method it synced with.
+    options: the method's options.
+    metric: ``'accuracy'`` or ``'mae'``.
+    history: one dict per evaluation (:class:`train.train.RunResult`'s ``history``).
+    seed: the run's ``--seed``.
+    devices: the devices of the data axis it trained on.
+    num_params: parameters synchronized per step.
+    bytes_per_step: bytes each device sent per step, the mean over the run.
+    time_per_step: median wall seconds of a train step.
+  """
+
+  label: str
+  method: str
+  options: dict
+  metric: str
+  history: list
+  seed: int
+  devices: int
+  num_params: int = 0
+  bytes_per_step: float = 0.0
+  time_per_step: float = 0.0
+
+  def curve(self, x: str = "steps") -> list[tuple[Any, float]]:
+    """``(history[x], test metric)`` at each evaluation, e.g. ``x='train_seconds'``."""
+    return [(h[x], h[f"test_{self.metric}"]) for h in self.history]
+
+  @property
+  def final(self) -> float:
+    """The test metric at the last evaluation."""
+    return self.history[-1][f"test_{self.metric}"]
+
+
+def _from_json(run: dict, config: dict) -> RunRecord:
+  """One entry of ``metrics.json``'s ``runs`` (its ``method`` key holds the label, as the
+  files always have) with what the file's config says of it."""
+  variant = next(v for v in config["variants"] if v["label"] == run["method"])
+  return RunRecord(label=run["method"], method=variant["method"], options=variant["options"],
+                   metric=run["metric"], history=run["history"], seed=int(config["seed"]),
+                   devices=int(config["devices"]), num_params=run["num_params"],
+                   bytes_per_step=run["bytes_per_step"], time_per_step=run["time_per_step"])
+
+
+def read(path: str) -> list[RunRecord]:
+  """The runs of a ``metrics.json`` written by :func:`write`; a ValueError naming ``path``
+  when it is missing or holds something else."""
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+    return [_from_json(run, saved["config"]) for run in saved["runs"]]
+  except FileNotFoundError:
+    raise ValueError(f"no {path} (a folder python -m train wrote with --out)") from None
+  except (OSError, json.JSONDecodeError, KeyError, TypeError, StopIteration) as error:
+    raise ValueError(f"{path} is not a python -m train metrics.json ({type(error).__name__}: "
+                     f"{error})") from None
 
 
 def _best(r: RunResult) -> float:
@@ -30,6 +99,7 @@ def format_table(results: list[RunResult]) -> str:
 def write(out: str, results: list[RunResult], config: dict) -> list[str]:
   """Writes ``metrics.json``, ``metrics.csv`` and the plot ``<metric>.png`` under ``out``."""
   os.makedirs(out, exist_ok=True)
+  # The fields of RunRecord that the config does not hold; _from_json reads them back.
   runs = [{"method": r.variant, "metric": r.metric, "num_params": r.num_params,
            "bytes_per_step": r.bytes_per_step, "time_per_step": r.time_per_step,
            "history": r.history} for r in results]

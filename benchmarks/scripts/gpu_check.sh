@@ -28,5 +28,5 @@ timeout 200 python3 -m benchmarks.step_time --models vgg16,resnet50,bert --sizes
   --devices 1 --batch-per-device 32 --steps 10 --max-memory-gb 100 --out "$out/steps" \
   2>&1 | grep -v 'configurations:' | tee "$out/steps.log"
 # 3. PowerSGD's compute (VGG-16's own matrices) beside SparDL's, Ok-Topk's and psum's, P = 8.
-timeout 150 python3 benchmarks/vgg16_compute.py "$out/vgg16_compute.json" \
+timeout 150 python3 -m benchmarks.vgg16_compute --out "$out/vgg16_compute.json" \
   2>&1 | grep -v '^WARNING' | tee "$out/vgg16_compute.log"

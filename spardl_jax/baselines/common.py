@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spardl_jax.core import bruck, messages, protocol, schedule, topk
-from spardl_jax.core.allreduce import check_dtype
+from spardl_jax.core.config import check_dtype
 from spardl_jax.core.sparse import in_worker_order
 
 __all__ = ['topk_count', 'local_topk', 'densify', 'allgather', 'ResidualState', 'init_residual',

@@ -17,10 +17,10 @@ import numpy as np
 
 from spardl_jax.core import (bruck, cost, gres, h_controller, messages, protocol, sag, schedule,
                              sparse, srs, topk)
-from spardl_jax.core.config import BlockLayout, SparDLConfig, check_number
+from spardl_jax.core.config import BlockLayout, SparDLConfig, check_dtype, check_number
 from spardl_jax.core.nonfinite import NonFinite, check_policy, skip_if
 
-__all__ = ['SparDLState', 'SUPPORTED_DTYPES', 'check_dtype', 'bound_axes',
+__all__ = ['SparDLState', 'bound_axes',
            'axis_size', 'resolve_teams', 'spardl_allreduce', 'BlockFrame', 'block_frame',
            'to_blocks', 'from_blocks', 'own_block_selection', 'gather_team', 'scatter_result',
            'collect_residual', 'SparDLMethod']
@@ -52,20 +52,6 @@ class SparDLState(NamedTuple):
                      integral=True, accept=lambda n: n >= 1)
     check_dtype("dtype", dtype)
     return cls(residual=jnp.zeros((int(n),), dtype), controller=h_controller.empty())
-
-
-# Selection keys are the float32 bits of |value| (core/topk.py): exact for these dtypes only.
-SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def check_dtype(name: str, dtype, *, who: str = "spardl") -> None:
-  """Raises a clear error unless ``dtype`` is one the selection is exact in."""
-  if np.dtype(dtype).name not in SUPPORTED_DTYPES:
-    extra = (" float64 is rejected because selection keys are float32 bits, which would "
-             "make its top-k inexact; cast the gradients to float32"
-             if np.dtype(dtype) == np.float64 else "")
-    raise TypeError(f"{who}: {name} must have one of the dtypes {SUPPORTED_DTYPES}, got "
-                    f"{np.dtype(dtype).name}.{extra}")
 
 
 def bound_axes() -> list[str]:
@@ -119,9 +105,8 @@ def resolve_teams(config: SparDLConfig, p: int, n: int, itemsize: int) -> tuple[
     d = cost.choose_teams(p, n, config.density, alpha=config.alpha, beta=config.beta,
                           itemsize=itemsize, sag=config.sag, wire=config.wire)
   if p % d:
-    divisors = [t for t in range(1, p + 1) if p % t == 0]
     raise ValueError(f"SparDLConfig: teams={d} does not divide the {p} workers on "
-                     f"the axis; allowed values: {divisors}.")
+                     f"the axis; allowed values: {cost.team_counts(p)}.")
   return d, ("none" if d == 1 else cost.sag_kind(d, config.sag))
 
 

@@ -17,7 +17,8 @@ import numpy as np
 
 __all__ = ['Residuals', 'Sag', 'WireFormat', 'RESIDUAL_MODES', 'SAG_MODES', 'WIRE_FORMATS',
            'ETHERNET_10G', 'INFINIBAND_100G', 'SparDLConfig', 'DensityConfig', 'check_density',
-           'check_positive', 'check_number', 'as_float', 'BlockLayout']
+           'check_positive', 'check_number', 'as_float', 'SUPPORTED_DTYPES', 'check_dtype',
+           'BlockLayout']
 
 Residuals = Literal["global", "local", "none"]
 RESIDUAL_MODES = ("global", "local", "none")
@@ -149,6 +150,20 @@ def as_float(value) -> float:
   """A real number as a Python float; a NumPy float by its shortest decimal form, so
   ``np.float32(0.1)`` is 0.1 (not 0.10000000149...: ``kb`` would round differently)."""
   return float(str(value)) if isinstance(value, np.floating) else float(value)
+
+
+# Selection keys are the float32 bits of |value| (core/topk.py): exact for these dtypes only.
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_dtype(name: str, dtype, *, who: str = "spardl") -> None:
+  """Raises a clear error unless ``dtype`` is one the selection is exact in."""
+  if np.dtype(dtype).name not in SUPPORTED_DTYPES:
+    extra = (" float64 is rejected because selection keys are float32 bits, which would "
+             "make its top-k inexact; cast the gradients to float32"
+             if np.dtype(dtype) == np.float64 else "")
+    raise TypeError(f"{who}: {name} must have one of the dtypes {SUPPORTED_DTYPES}, got "
+                    f"{np.dtype(dtype).name}.{extra}")
 
 
 @dataclasses.dataclass(frozen=True)

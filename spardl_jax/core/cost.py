@@ -16,8 +16,9 @@ from spardl_jax.core import messages
 from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G, BlockLayout
 from spardl_jax.core.protocol import PaperCost
 
-__all__ = ["ETHERNET_10G", "INFINIBAND_100G", "SparDLCost", "choose_teams", "modeled_seconds",
-           "sag_kind", "spardl_cost", "spardl_formula", "spardl_paper_cost", "wire_format"]
+__all__ = ["ETHERNET_10G", "INFINIBAND_100G", "SparDLCost", "team_counts", "choose_teams",
+           "modeled_seconds", "sag_kind", "spardl_cost", "spardl_formula", "spardl_paper_cost",
+           "wire_format"]
 
 
 def sag_kind(teams: int, sag: str) -> str:
@@ -111,12 +112,17 @@ def modeled_seconds(cost, *, alpha: float, beta: float) -> float:
   return cost.rounds * alpha + cost.bytes * beta
 
 
+def team_counts(p: int, sag: str = "auto") -> list[int]:
+  """The team counts ``d`` that fit ``p`` workers: the divisors of ``p`` (powers of two only,
+  for R-SAG: ``sag='recursive'``), ascending."""
+  return [d for d in range(1, p + 1) if p % d == 0 and not (sag == "recursive" and d & (d - 1))]
+
+
 def choose_teams(p: int, n: int, density: float, *, alpha: float, beta: float,
                  itemsize: int = 4, sag: str = "auto", wire: str = "exact") -> int:
-  """The divisor ``d`` of ``p`` with the least modeled time (the smaller ``d`` on a tie)."""
-  divisors = [d for d in range(1, p + 1) if p % d == 0
-              and not (sag == "recursive" and d & (d - 1))]
-  return min(divisors, key=lambda d: (modeled_seconds(
+  """The team count ``d`` of :func:`team_counts` with the least modeled time (the smaller
+  ``d`` on a tie)."""
+  return min(team_counts(p, sag), key=lambda d: (modeled_seconds(
       spardl_cost(p, n, density, d, itemsize=itemsize, sag=sag, wire=wire), alpha=alpha,
       beta=beta), d))
 

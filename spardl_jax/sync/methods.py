@@ -82,15 +82,14 @@ def split_spec(text: str) -> tuple[str, list[str]]:
   return method, pairs
 
 
-def parse(text: str, *, density: float, teams=1, sag: str = "auto",
-          residuals: str = "global") -> tuple[str, dict]:
+def parse(text: str, **defaults) -> tuple[str, dict]:
   """``method[:key=value[:key=value...]]`` -> ``(method, options)`` for :func:`make`.
 
-  Options not given in ``text`` are the defaults passed here: ``density`` for every sparse
-  method, ``teams``, ``sag`` and ``residuals`` for SparDL. Each method takes the fields of
-  its ``Config`` as keys:
+  Each method takes the fields of its ``Config`` as keys. ``defaults`` give the options
+  ``text`` leaves out, each to the methods whose ``Config`` has that field (a
+  ``density`` reaches every sparse method, a ``teams`` only SparDL):
 
-    >>> parse("oktopk:tau=16", density=0.01)
+    >>> parse("oktopk:tau=16", density=0.01, teams=2)
     ('oktopk', {'density': 0.01, 'tau': 16})
   """
   method, pairs = split_spec(text)
@@ -98,7 +97,6 @@ def parse(text: str, *, density: float, teams=1, sag: str = "auto",
     raise ValueError(f"method spec {text!r}: the method must be one of {names()}.")
   config = protocol.registered()[method].Config
   fields = {f.name for f in dataclasses.fields(config)} if config else set()
-  defaults = {"density": density, "teams": teams, "sag": sag, "residuals": residuals}
   options = {key: value for key, value in defaults.items() if key in fields}
   types = _option_types()
   for pair in pairs:

@@ -52,7 +52,7 @@ import statistics
 import sys
 import time
 
-from spardl_jax.core import protocol
+from spardl_jax.core import cost, protocol
 from spardl_jax.core.config import ETHERNET_10G, SAG_MODES, WIRE_FORMATS
 from spardl_jax.sync import methods as _methods
 
@@ -163,12 +163,12 @@ def _median_seconds(fn, x, state, repeats: int) -> float:
 
 
 def _teams(args, p: int) -> list[int]:
-  divisors = [d for d in range(1, p + 1) if p % d == 0]
   if args.teams == "all":
-    return [d for d in divisors if not (args.sag == "recursive" and d & (d - 1))]
-  bad = [d for d in args.teams if d not in divisors]
+    return cost.team_counts(p, args.sag)
+  bad = [d for d in args.teams if d not in cost.team_counts(p)]
   if bad:
-    raise SystemExit(f"--teams {bad} do not divide --devices {p}; allowed: {divisors}")
+    raise SystemExit(f"--teams {bad} do not divide --devices {p}; allowed: "
+                     f"{cost.team_counts(p)}")
   return args.teams
 
 

@@ -17,8 +17,10 @@ def fake_tta_run(out, devices=2, methods=("dense",)):
   run.mkdir(parents=True)
   history = [{"steps": 2, "test_accuracy": 0.5, "train_seconds": 1.0, "bytes_sent": 8.0}]
   (run / "metrics.json").write_text(json.dumps({
-      "config": {"devices": devices},
-      "runs": [{"method": m, "history": history} for m in methods]}))
+      "config": {"devices": devices, "seed": 0,
+                 "variants": [{"label": m, "method": m, "options": {}} for m in methods]},
+      "runs": [{"method": m, "metric": "accuracy", "num_params": 10, "bytes_per_step": 4.0,
+                "time_per_step": 0.5, "history": history} for m in methods]}))
   (out / "results.json").write_text(json.dumps({"args": {}, "rows": [{"rate": "unshaped"}]}))
   return out
 
@@ -51,7 +53,10 @@ ROWS = [
      "--devices 3 does not divide the batch size of mnist1d_cnn1d (128)"),
     ("convergence --target 1.5", convergence.main,
      lambda tmp: ["--target", "1.5", "--out", str(tmp / "cv")],
-     "--target: a fraction of dense's final metric in (0, 1], got 1.5"),
+     "argument --target: must be a fraction in (0, 1], got 1.5"),
+    ("convergence --seeds 0,x", convergence.main,
+     lambda tmp: ["--seeds", "0,x", "--out", str(tmp / "cv")],
+     "argument --seeds: must be a comma list of integer seeds, got '0,x'"),
     ("convergence --outer-momentum 1", convergence.main,
      lambda tmp: ["--variants", "outer", "--outer-momentum", "1", "--out", str(tmp / "cv")],
      "--outer-momentum must be in [0, 1), got 1.0"),
@@ -61,6 +66,15 @@ ROWS = [
     ("convergence --report at a time-to-accuracy run", convergence.main,
      lambda tmp: ["--report", str(fake_tta_run(tmp / "tta")), "--out", str(tmp / "cv")],
      "does not hold convergence results"),
+    ("tta --local at a shaped rate", time_to_accuracy.main,
+     lambda tmp: ["--local", "--rates", "100mbit"],
+     "--local cannot shape the network: use --rates unshaped, got ['100mbit']"),
+    ("tta --methods without dense", time_to_accuracy.main,
+     lambda tmp: ["--methods", "spardl"], "--methods must include 'dense' (it sets the target)"),
+    ("tta --targets 0.9,1.5", time_to_accuracy.main, lambda tmp: ["--targets", "0.9,1.5"],
+     "argument --targets: must be a comma list of fractions in (0, 1], got '0.9,1.5'"),
+    ("tta --seeds 0,x", time_to_accuracy.main, lambda tmp: ["--seeds", "0,x"],
+     "argument --seeds: must be a comma list of integer seeds, got '0,x'"),
     ("launch --processes 0", launch.main, lambda tmp: ["--processes", "0", "--", "true"],
      "--processes and --devices-per-process must be >= 1"),
     ("launch --timeout nan", launch.main,

@@ -23,10 +23,11 @@ def write_run(folder, p, seed, variants):
   run = {"config": {"devices": p, "seed": seed,
                     "variants": [{"label": label, "method": method, "options": options}
                                  for label, method, options, _ in variants]},
-         "runs": [{"metric": "accuracy",
+         "runs": [{"method": label, "metric": "accuracy", "num_params": N,
+                   "bytes_per_step": 0.0, "time_per_step": 0.0,
                    "history": [{"steps": 10 * (i + 1), "test_accuracy": a}
                                for i, a in enumerate(accuracies)]}
-                  for *_, accuracies in variants]}
+                  for label, *_, accuracies in variants]}
   (folder / "metrics.json").write_text(json.dumps(run))
 
 
@@ -115,4 +116,4 @@ def test_bad_flags(runs, tmp_path, capsys):
   with pytest.raises(SystemExit):
     scale.main(["--runs", str(runs), "--projection", str(tmp_path), "--model", "mlp",
                 "--target", "1.5"])
-  assert "--target must be in (0, 1]" in capsys.readouterr().err
+  assert "argument --target: must be a fraction in (0, 1], got 1.5" in capsys.readouterr().err

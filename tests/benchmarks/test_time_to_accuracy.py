@@ -4,7 +4,6 @@ run)."""
 
 import json
 
-import pytest
 
 from benchmarks import time_to_accuracy
 
@@ -44,17 +43,6 @@ def test_over_seeds_takes_medians_and_counts_who_was_first():
   assert b["seconds_to_target"] == [5.0, None, 7.0] and b["seeds"] == [0, 1, 2]
   never = time_to_accuracy.over_seeds([row(0, "a", None, None), row(1, "a", None, None)])
   assert never[0]["median_seconds"] is None and never[0]["first"] == 0
-
-
-def test_bad_flags_are_named():
-  with pytest.raises(SystemExit):
-    time_to_accuracy.main(["--local", "--rates", "100mbit"])  # --local cannot shape
-  with pytest.raises(SystemExit):
-    time_to_accuracy.main(["--methods", "spardl"])  # dense sets the target
-  with pytest.raises(SystemExit):
-    time_to_accuracy.main(["--targets", "0.9,1.5"])
-  with pytest.raises(SystemExit):
-    time_to_accuracy.main(["--seeds", "0,x"])
 
 
 def test_an_outer_loop_is_charged_its_rounds_once_every_h_steps():

@@ -1,0 +1,96 @@
+"""Every driver and script of benchmarks/ runs on a tiny case, so none can rot unnoticed
+(time_to_accuracy, scale, project and step_time have their own test files). What each prints
+is checked against what it must contain; the figures themselves are benchmarks, not tests."""
+
+import json
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+from benchmarks import (convergence, netbench, outer_sync_time, paper_compare, sharded_step,
+                        vgg16_compute)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((ROOT / "benchmarks" / "scripts").glob("*.sh"))
+
+
+def test_convergence_trains_a_case_and_reports_it_again(tmp_path, capsys):
+  out = tmp_path / "cv"
+  assert convergence.main(["--cases", "mnist1d_cnn1d", "--variants", "dense,recipe",
+                           "--seeds", "0", "--epochs", "2", "--steps-per-epoch", "2",
+                           "--devices", "2", "--out", str(out)]) == 0
+  rows = json.loads((out / "results.json").read_text())["rows"]
+  assert [r["key"] for r in rows] == ["dense", "recipe"]
+  assert rows[1]["bytes_per_step"] < rows[0]["bytes_per_step"] / 10
+  assert all(len(r["curves"][0]) == 2 for r in rows)  # one point per evaluation
+  # --report reads the results back at another target: the same runs, the same curves.
+  again = tmp_path / "again"
+  assert convergence.main(["--report", str(out), "--target", "0.5", "--out", str(again)]) == 0
+  rows_again = json.loads((again / "results.json").read_text())["rows"]
+  assert [r["curves"] for r in rows_again] == [r["curves"] for r in rows]
+  assert {r["fraction"] for r in rows_again} == {0.5}
+  assert "| mnist1d_cnn1d | dense |" in capsys.readouterr().out
+
+
+def test_netbench_times_every_method_over_local_processes(tmp_path, capsys):
+  assert netbench.main(["--local", "--processes", "2", "--rates", "unshaped", "--n", "4000",
+                        "--repeats", "1", "--methods", "dense,spardl",
+                        "--out", str(tmp_path)]) == 0
+  results = json.loads((tmp_path / "results.json").read_text())["unshaped"]
+  assert results["dense"]["bytes"] == 2 * (2 - 1) * 4000 * 4 // 2  # the ring at P = 2
+  assert 0 < results["spardl"]["bytes"] < results["dense"]["bytes"] / 10
+  assert all(r["seconds"] > 0 for r in results.values())
+  assert "| spardl |" in capsys.readouterr().out
+
+
+def test_netbench_local_cannot_shape(capsys):
+  with pytest.raises(SystemExit):
+    netbench.main(["--local", "--rates", "100mbit"])
+  assert "--local cannot shape the network" in capsys.readouterr().err
+
+
+def test_outer_sync_time_runs_every_variant(capsys):
+  assert outer_sync_time.main(["--n", "1000", "--steps", "1"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.rsplit(" [", 1)[0] for line in lines] == list(outer_sync_time.RUNS)
+
+
+def test_paper_compare_prints_a_row_per_reported_speedup(capsys):
+  assert paper_compare.main() == 0
+  rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+  assert len(rows) == 2 + sum(len(case[-1]) for case in paper_compare.CASES)
+  assert all(re.search(r"\d×", row) for row in rows[2:])
+
+
+def test_sharded_step_reads_bytes_and_times_each_variant(capsys):
+  assert sharded_step.main(["--steps", "1"]) == 0
+  out = capsys.readouterr().out
+  for name in ("SparDL 1 %, sharded (4 x 2)", "SparDL 1 %, replicated (8)",
+               "dense jit, sharded (4 x 2)"):
+    assert f"{name}: permutes send" in out
+    assert re.search(rf"{re.escape(name)}: [\d.]+ ms/step", out)
+
+
+def test_sync_compute_per_rank_on_a_small_model(tmp_path, capsys):
+  out = tmp_path / "compute.json"
+  assert vgg16_compute.main(["--model", "mlp", "--repeats", "1", "--out", str(out)]) == 0
+  saved = json.loads(out.read_text())
+  assert set(saved["per_rank_s"]) == {"dense", "spardl", "oktopk", "powersgd"}
+  assert saved["model"] == "mlp" and all(s > 0 for s in saved["per_rank_s"].values())
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_scripts_parse_and_name_what_exists(script):
+  """Each shell script is valid bash, and every module it runs with ``python -m`` and every
+  file under benchmarks/ it names exists (a rename cannot leave one behind)."""
+  subprocess.run(["bash", "-n", str(script)], check=True)
+  text = script.read_text()
+  ours = ("benchmarks", "train", "spardl_jax", "models")
+  for module in (m for m in re.findall(r"python3? -m ([\w.]+)", text)
+                 if m.split(".")[0] in ours):
+    path = ROOT / module.replace(".", "/")
+    assert path.with_suffix(".py").exists() or (path / "__main__.py").exists(), module
+  for name in re.findall(r"benchmarks/[\w/]+\.(?:py|sh|json)", text):
+    assert (ROOT / name).exists(), name
