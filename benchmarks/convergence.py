@@ -3,10 +3,14 @@ dense's accuracy, technique by technique.
 
 Usage::
 
-  python -m benchmarks.convergence --out benchmarks/results/convergence       # every case and variant, seeds 0,1
-  python -m benchmarks.convergence --cases mnist1d_cnn1d --variants dense,paper,recipe --seeds 0
-  python -m benchmarks.convergence --cases mnist1d_cnn1d --variants outer --outer-every 30  # DiLoCo
+  python -m benchmarks.convergence --out benchmarks/results/convergence  # all, seeds 0,1
+  python -m benchmarks.convergence --cases mnist1d_cnn1d --variants dense,paper,recipe \
+      --seeds 0
+  python -m benchmarks.convergence --cases mnist1d_cnn1d --variants outer \
+      --outer-every 30                                                       # DiLoCo
   python -m benchmarks.convergence --report DIR --target 0.98 --out DIR98  # another target
+  python -m benchmarks.convergence --cases mnist1d_cnn1d --variants dense,recipe --seeds 0 \
+      --epochs 2 --steps-per-epoch 2 --devices 2 --out /tmp/cv               # a smoke run
 
 Each case trains one model on one offline dataset on 8 simulated devices, once per variant
 and seed, on the same data order and initialization. The target is ``--target`` (95 %) of
@@ -54,7 +58,7 @@ CASES: dict[str, TrainConfig] = {
 CLIP = {"mnist1d_cnn1d": 20.0, "digits_resnet20": 11.0, "shakespeare_lstm": 1.5,
         "shakespeare_bert": 7.0}
 DENSITY = 0.01
-# Dense's best tuning found with the same effort as SparDL's (docs/models.md lists the
+# Dense's best tuning found with the same effort as SparDL's (docs/trainer.md lists the
 # sweeps): the learning rate on MNIST-1D, the frozen second moment on BERT, the recipe's
 # lower momentum elsewhere.
 DENSE_TUNED = {"mnist1d_cnn1d": {"lr": 0.1}, "digits_resnet20": {"opt_momentum": 0.5},
@@ -63,7 +67,7 @@ DENSE_TUNED = {"mnist1d_cnn1d": {"lr": 0.1}, "digits_resnet20": {"opt_momentum":
 
 # The outer loop's defaults (--outer-*): the trainer's outer step; a SparDL outer sync at
 # 3 % with int4 values, the best of 1 %/3 %/10 % and int2/int4/compact at H = 30 on the
-# main job (docs/outer.md).
+# main job (benchmarks/results/outer.md).
 OUTER = Tuning(outer=30, outer_lr=TrainConfig.outer_lr, outer_momentum=TrainConfig.outer_momentum)
 OUTER_DENSITY, OUTER_WIRE = 0.03, "int4"
 

@@ -1,5 +1,6 @@
-"""Seconds per step of an outer loop's sync against per-step SparDL syncs (docs/outer.md):
-4 simulated CPU devices, 4.35M parameters, a linear loss; 7 timed steps after one untimed.
+"""Seconds per step of an outer loop's sync against per-step SparDL syncs
+(benchmarks/results/outer.md): 4 simulated CPU devices, 4.35M parameters, a linear loss; 7
+timed steps after one untimed.
 
 python -m benchmarks.outer_sync_time [--n 4350000] [--steps 7]
 """

@@ -3,8 +3,9 @@ train --devices P``) times its projected time per step (``python -m benchmarks.p
 
 Usage::
 
-  python -m benchmarks.scale --runs benchmarks/results/scale/steps/mnist1d --projection benchmarks/results/scale/vgg16 \\
-      --model vgg16 --target 0.98 --out benchmarks/results/scale/tta/mnist1d_vgg16
+  python -m benchmarks.scale --runs benchmarks/results/scale/steps/mnist1d \\
+      --projection benchmarks/results/scale/vgg16 --model vgg16 --target 0.98 \\
+      --out benchmarks/results/scale/tta/mnist1d_vgg16
 
 ``--runs`` names folders; every ``metrics.json`` under them is one ``python -m train`` run
 (one P, one seed, several variants). At each P the target is ``--target`` of dense's final

@@ -1,4 +1,5 @@
-"""Bytes and step time of a sharded model's sync (docs/performance.md, "Sharded models").
+"""Bytes and step time of a sharded model's sync (benchmarks/results/cpu_profile.md,
+"Sharded models").
 
 python -m benchmarks.sharded_step [--steps 20]
 

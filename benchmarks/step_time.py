@@ -2,7 +2,7 @@
 
 Usage::
 
-  python -m benchmarks.step_time                          # every model, tiny and full, 8 devices
+  python -m benchmarks.step_time                    # every model, tiny and full, 8 devices
   python -m benchmarks.step_time --models vgg16,bert --sizes full --steps 5 --out bench_out
 
 For each model, size and method it builds the real train step (``train.train``: the model,

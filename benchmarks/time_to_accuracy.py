@@ -15,17 +15,17 @@ collectives carried by gloo over the links. ``--local`` runs the processes on 12
 instead (no namespaces, no shaping, no root): the same code path, for CI.
 
 The case is ``mlp_wide`` on scikit-learn's digits (4.35M parameters): a large gradient and
-little compute per step, so the network decides, on an offline dataset (docs/network.md says
-why). Each method uses the trainer's defaults, so sparse methods train with the recommended
-recipe (docs/models.md).
+little compute per step, so the network decides, on an offline dataset
+(benchmarks/results/network.md says why). Each method uses the trainer's defaults, so sparse
+methods train with the recommended recipe (docs/trainer.md).
 
 The clock is the trainer's ``train_seconds``: the wall time of the train steps and their input
 pipeline, compilation and evaluations left out. Each target is a fraction (``--targets``) of
-dense's final test accuracy at the same rate. For each rate and method the report gives the wall time and
-the steps to the target, the final accuracy, the bytes each device sent in total, and the time
-to the target with a modeled latency added: ``tbf`` shapes bandwidth only (and ``netem`` is
-not available here), so each step's rounds (from the method's formula, which the traffic
-tests hold to the compiled HLO) are charged ``--alpha`` seconds each. Every seed of
+dense's final test accuracy at the same rate. For each rate and method the report gives the
+wall time and the steps to the target, the final accuracy, the bytes each device sent in
+total, and the time to the target with a modeled latency added: ``tbf`` shapes bandwidth only
+(and ``netem`` is not available here), so each step's rounds (from the method's formula, which
+the traffic tests hold to the compiled HLO) are charged ``--alpha`` seconds each. Every seed of
 ``--seeds`` trains every rate (``--out``/``seed<S>/<rate>/``); the report gives each seed's
 table and, over the seeds, the median time to each target and how often each method got there
 first. ``--out`` gets ``results.json``, ``results.md`` and ``time_to_accuracy.png`` (test

@@ -107,7 +107,8 @@ MODELS: dict[str, ModelSpec] = {
     "mlp": ModelSpec(small.MLP, dict(hidden=(128,)), dict(hidden=(16,)),
                      ("image", "signal"), ((8, 8), np.float32)),
     # Little compute per parameter (one multiply-add per example), a 4.3M-entry gradient:
-    # the time-to-accuracy benchmark's case, where the network decides (docs/network.md).
+    # the time-to-accuracy benchmark's case, where the network decides
+    # (benchmarks/results/network.md).
     "mlp_wide": ModelSpec(small.MLP, dict(hidden=(2048, 2048)), dict(hidden=(32, 32)),
                           ("image", "signal"), ((8, 8), np.float32)),
 }

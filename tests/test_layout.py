@@ -58,3 +58,16 @@ def test_the_layout_table_names_every_module():
   existing = {str(p.relative_to(ROOT)) for p in (ROOT / "spardl_jax").rglob("*.py")
               if p.name != "__init__.py"}
   assert named == existing, (sorted(existing - named), sorted(named - existing))
+
+
+def test_every_relative_link_of_the_docs_resolves():
+  """Pages moved between docs/ and benchmarks/results/ keep their links working."""
+  pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks").rglob("*.md")]
+  broken = []
+  for page in pages:
+    for link in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+      if link.startswith(("http://", "https://", "#", "mailto:")):
+        continue
+      if not (page.parent / link.split("#")[0]).exists():
+        broken.append(f"{page.relative_to(ROOT)} -> {link}")
+  assert not broken

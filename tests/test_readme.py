@@ -1,6 +1,8 @@
-"""Every Python block of the README is a whole program that runs as a new user would run it:
-in a fresh process, from the repository root, with nothing but the block."""
+"""Every Python block of the README, and every block of the guides and the reference that is
+a whole program (its first line imports jax), runs as a new user would run it: in a fresh
+process, from the repository root, with nothing but the block."""
 
+import glob
 import os
 import re
 import subprocess
@@ -12,21 +14,30 @@ import pytest
 from spardl_jax.parallel import launch
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-# A block inside a list item is indented with it.
-BLOCKS = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```",
-                                                 open(os.path.join(ROOT, "README.md")).read(),
-                                                 re.S)]
+
+
+def _blocks(path):
+  # A block inside a list item is indented with it.
+  return [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", open(path).read(), re.S)]
+
+
+README = _blocks(os.path.join(ROOT, "README.md"))
+PROGRAMS = [(os.path.basename(path), block)
+            for path in sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+            for block in _blocks(path) if block.startswith("import jax")]
+BLOCKS = [("README.md", block) for block in README] + PROGRAMS
 
 
 def test_the_readme_has_python_blocks():
-  assert BLOCKS
+  assert README and PROGRAMS
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_block_runs(block):
+@pytest.mark.parametrize("where,block", BLOCKS,
+                         ids=[f"{where}-{i}" for i, (where, _) in enumerate(BLOCKS)])
+def test_block_runs(where, block):
   proc = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True,
                         text=True, timeout=300, env=launch.child_environment())
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.returncode == 0, (where, proc.stderr[-3000:])
   loss = re.search(r"loss after \d+ steps: ([0-9.]+)", proc.stdout)
   if loss:  # the training example fits its regression (the targets' variance is ~32)
     assert float(loss.group(1)) < 0.01, proc.stdout

@@ -230,19 +230,23 @@ def _read(mgr: ocp.CheckpointManager, step: int, like):
   saved = dict(zip(_paths(metadata), jax.tree.leaves(metadata))) if metadata else {}
   if not saved:
     raise Unreadable("its train state lists no arrays")
-  leaves, treedef = jax.tree.flatten(like)
+  leaves = jax.tree.leaves(like)
   paths = _paths(like)
   changed = _check_fits(step, mgr.directory, saved, paths, leaves)
   # Leaves to rebuild are read whole onto one local device, the rest with their shardings.
   host = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  abstract = [jax.ShapeDtypeStruct(tuple(saved[p].shape), a.dtype,
-                                   sharding=host if i in changed else a.sharding)
-              for i, (p, a) in enumerate(zip(paths, leaves))]
+  abstract = {p: jax.ShapeDtypeStruct(tuple(saved[p].shape), a.dtype,
+                                      sharding=host if i in changed else a.sharding)
+              for i, (p, a) in enumerate(zip(paths, leaves))}
+  # Read in the saved tree's own structure and matched by path: a state type that gained a
+  # field without arrays (SyncState's leaf shapes) reads the checkpoints written before.
+  disk = _paths(metadata)
   restored = mgr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(jax.tree.unflatten(treedef, abstract)),
+      state=ocp.args.StandardRestore(jax.tree.unflatten(
+          jax.tree.structure(metadata), [abstract[p] for p in disk])),
       progress=ocp.args.JsonRestore()))
-  out = jax.tree.leaves(restored["state"])
-  out = [np.asarray(x) if i in changed else x for i, x in enumerate(out)]
+  by_path = dict(zip(disk, jax.tree.leaves(restored["state"])))
+  out = [np.asarray(by_path[p]) if i in changed else by_path[p] for i, p in enumerate(paths)]
   return out, restored["progress"], {i: saved[paths[i]].sharding for i in changed}
 
 

@@ -140,7 +140,7 @@ class TrainConfig:
   # The outer loop (spardl_jax.diloco): each device trains alone for outer_every steps, then
   # the method syncs the parameter change and a Nesterov step applies it. 0: every step.
   # DiLoCo's lr with half its momentum: its 0.9 diverged on the main job with SGD and
-  # momentum inside (docs/outer.md).
+  # momentum inside (benchmarks/results/outer.md).
   outer_every: int = 0
   outer_lr: float = 0.7
   outer_momentum: float = 0.5
@@ -175,7 +175,7 @@ def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str)
 
 
 # Tuning defaults of the sparse variants, by recipe and optimizer (``--recipe``); lengths in
-# epochs. ``recommended`` is what docs/models.md measured to converge fastest within a
+# epochs. ``recommended`` is what docs/trainer.md measured to converge fastest within a
 # tenth of dense's bytes; ``paper`` is the plain SparDL of the paper, for the ablation.
 # SGD: the residual already stores past gradient, so the optimizer replays less of it
 # (momentum 0.5 at the same lr / (1 - momentum)). AdamW: DGC's momentum correction (b1

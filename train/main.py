@@ -85,7 +85,7 @@ def _parse_args(argv):
                  help="constant, or cosine decay to 0 over the run (default: %(default)s)")
   p.add_argument("--recipe", default=d.recipe, choices=sorted(RECIPES),
                  help="tuning defaults of the sparse methods (a variant's own keys win): "
-                      "'recommended' converges fastest (docs/models.md), 'paper' is plain "
+                      "'recommended' converges fastest (docs/trainer.md), 'paper' is plain "
                       "SparDL (default: %(default)s)")
   p.add_argument("--outer-every", type=NON_NEGATIVE_INT, default=d.outer_every,
                  help="sync every H steps in a DiLoCo outer loop: each device trains alone, "
@@ -96,7 +96,7 @@ def _parse_args(argv):
                  help="the outer Nesterov step's rate (default %(default)s, DiLoCo's)")
   p.add_argument("--outer-momentum", type=NON_NEGATIVE_FLOAT, default=d.outer_momentum,
                  help="the outer step's Nesterov momentum, in [0, 1) (default %(default)s; "
-                      "DiLoCo's 0.9 diverged on the main job, docs/outer.md)")
+                      "DiLoCo's 0.9 diverged on the main job, benchmarks/results/outer.md)")
   p.add_argument("--weight-decay", type=NON_NEGATIVE_FLOAT, default=d.weight_decay, help="AdamW decay")
   p.add_argument("--seed", type=int, default=d.seed)
   p.add_argument("--out", default=d.out, help="directory for metrics and the plot")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/scale.md, in one run on one fresh GPU machine (issue 27, item 4):
+# The GPU measurements of benchmarks/results/scale.md, in one run on one fresh GPU machine (issue 27, item 4):
 #   1. each method's whole sync with P ranks emulated on the one GPU (spardl-bench --emulate),
 #      n = 14.7M (VGG-16) and 66M (LSTM-PTB), P = 8 and 16, exact and compact wires;
 #   2. one GPU's train step (forward, backward, SGD; the sync over a 1-device axis is free) of

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The outer-loop measurements of docs/outer.md (8 simulated CPU devices, one process).
+# The outer-loop measurements of benchmarks/results/outer.md (8 simulated CPU devices, one process).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 for h in 10 30 100; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The projections of docs/scale.md: time per iteration against P for three models and four
+# The projections of benchmarks/results/scale.md: time per iteration against P for three models and four
 # links, from one H200's measured compute (benchmarks/results/scale/h200/): the train step at batch 32 per
 # device, and each method's sync compute per device at P = 16 (n = 14.7M for VGG-16; ResNet-50
 # scaled from it by n, BERT from the n = 66M figures; TopkDSA's from P = 8). gTopk (not

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The steps-to-accuracy runs of docs/scale.md (simulated CPU devices in one process; time
+# The steps-to-accuracy runs of benchmarks/results/scale.md (simulated CPU devices in one process; time
 # does not matter here) and the time-to-accuracy reports built from them. Each run writes
 # benchmarks/results/scale/steps/<case>/<run>/metrics.json; `python -m benchmarks.scale` reads every run of a case.
 set -euo pipefail

@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 
 # Every module here but the shared helpers registers one method when imported: a new file is
-# picked up with no list to edit (docs/contributing.md).
+# picked up with no list to edit (docs/new-method.md).
 __all__ = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "common")
 for _module in __all__:
   importlib.import_module(f"{__name__}.{_module}")

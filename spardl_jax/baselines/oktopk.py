@@ -121,7 +121,7 @@ def _split_table(g, selected, boundaries, p: int, c: int):
   ``s`` of region ``j`` holds the selected entry with (selected before the region + ``s``)
   selected entries before it, found by a binary search among the block counts and a count
   inside its block. No prefix sum, boundary search or scatter runs over ``n`` (they made it
-  several times slower at the paper's sizes: docs/benchmark.md).
+  several times slower at the paper's sizes: benchmarks/results/sync_methods.md).
   """
   n = g.shape[0]
   counts = topk.GroupCounts.of(selected, _BLOCK)

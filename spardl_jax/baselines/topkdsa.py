@@ -76,7 +76,7 @@ def split_by_region(offsets, values, region: int, p: int, c: int):
   ``c`` entries sends its run as it is; only when some region holds more does every region
   pick its top ``c`` by ``|value|`` (ties to the lower offset), in a window over its run.
   That selection is local, so a per-worker branch is safe. Ordering all ``k`` entries by
-  magnitude instead would cost a multi-operand sort every call (docs/benchmark.md).
+  magnitude instead would cost a multi-operand sort every call (benchmarks/results/sync_methods.md).
 
   Args:
     offsets, values: ``(k,)`` the local top-``k``, offsets ascending.

@@ -2,8 +2,8 @@
 
 XLA:CPU emits a concatenate (fused with its consumers) as a loop that picks the operand of
 every output element, far slower than writing the same bytes as in-place slice updates of one
-buffer (``docs/performance.md`` has the figures: most of an ``mlp_wide`` train step went
-there). The flat gradient of ``sync_gradients`` and PowerSGD's flat results use
+buffer (``benchmarks/results/cpu_profile.md`` has the figures: most of an ``mlp_wide`` train
+step went there). The flat gradient of ``sync_gradients`` and PowerSGD's flat results use
 :func:`concat` instead.
 """
 

@@ -2,7 +2,8 @@
 
 Every SparDL selection keeps the ``kb`` entries of a block with the largest ``|value|``, ties
 going to the lower index (``docs/design.md``). ``lax.top_k`` does this but, on XLA:CPU, pays
-to sort its output by every *selected* entry (``docs/performance.md`` has the figures).
+to sort its output by every *selected* entry (``benchmarks/results/cpu_profile.md`` has the
+figures).
 SparDL needs neither sorted output nor ``top_k``:
 
 * **Threshold selection** (:func:`select`): bisection on the int32 bits of ``|value|`` (a
@@ -17,7 +18,7 @@ SparDL needs neither sorted output nor ``top_k``:
   With ``c ~ sqrt(m / kb)`` both stages see about ``sqrt(density) m`` keys instead of ``m``.
 * **On GPUs** the counting passes are small kernels launched one after another (about 60 for
   a two-stage selection, a fixed cost whatever the size), while ``lax.top_k`` is one fused
-  kernel, faster there (``docs/benchmark.md``, "On a GPU"). There :func:`select`
+  kernel, faster there (``benchmarks/results/sync_methods.md``, "On a GPU"). There :func:`select`
   takes ``lax.top_k`` of the keys (equal keys: the lower index first, the same set) and
   sorts the positions back into ascending order (``method="sort"``).
 """
@@ -46,7 +47,8 @@ Method = Literal["count", "sort"]
 def default_method() -> Method:
   """How :func:`select` finds the top k on the default backend: ``"sort"`` (``lax.top_k``)
   on GPUs, ``"count"`` (bisection on the keys) elsewhere. Measured on XLA:CPU and an H100
-  (``docs/benchmark.md``); every device of a job runs the same backend, so all choose alike."""
+  (``benchmarks/results/sync_methods.md``); every device of a job runs the same backend, so
+  all choose alike."""
   return "sort" if jax.default_backend() == "gpu" else "count"
 
 
@@ -56,7 +58,8 @@ def chunk_size(m: int, kb: int, *, method: Method | None = None) -> int:
   Prefers a divisor of ``m`` near the optimum ``sqrt(m / kb)`` so no padding is needed.
   With ``method="sort"`` (``None``: :func:`default_method`) blocks keeping 1 % or more take
   one stage: ``lax.top_k``'s cost grows with ``k``, and two stages select ``kb`` twice, which
-  pays only for small ``kb`` (measured on an H100: ``docs/benchmark.md``, "On a GPU").
+  pays only for small ``kb`` (measured on an H100: ``benchmarks/results/sync_methods.md``,
+  "On a GPU").
   """
   best = math.sqrt(m / kb)
   if best < _MIN_CHUNK or ((method or default_method()) == "sort" and 100 * kb >= m):
@@ -95,8 +98,9 @@ def _compact(take: jax.Array, k: int) -> jax.Array:
   For long rows a prefix sum over ``N`` and a scatter of ``N`` entries cost more on XLA:CPU
   than the selection itself (the prefix sum is a log-depth scan). There: counts per group of
   :data:`_GROUP` entries, a prefix sum over the ``N / 8`` groups, a binary search for the
-  group of each output slot, and a count inside that group (``docs/performance.md``). Short
-  rows keep the prefix sum, which compiles to fewer ops.
+  group of each output slot, and a count inside that group
+  (``benchmarks/results/cpu_profile.md``). Short rows keep the prefix sum, which compiles to
+  fewer ops.
   """
   rows, n = take.shape
   if n < _GROUPED_FROM:  # few keys: one prefix sum and scatter, fewer ops to compile

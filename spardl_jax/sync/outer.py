@@ -89,7 +89,7 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
   1 this is per-step sync training with ``optax.sgd(lr)``, to float32 rounding.
 
   Example (DiLoCo with a SparDL outer sync at 3 %, 4-bit values; ``docs/design.md``,
-  "Outer loop"; ``docs/outer.md`` measures it):
+  "Outer loop"; ``benchmarks/results/outer.md`` measures it):
 
     >>> import jax, jax.numpy as jnp, optax, spardl_jax as sj
     >>> mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])

@@ -1,6 +1,6 @@
 """The time-to-accuracy benchmark's code path, tiny: 2 local processes (gloo over 127.0.0.1,
-no namespaces, no shaping), two methods, two evaluations each (docs/network.md has the real
-run)."""
+no namespaces, no shaping), two methods, two evaluations each (benchmarks/results/network.md
+has the real run)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Adding a method is one file (docs/contributing.md): the smallest possible method,
+"""Adding a method is one file (docs/new-method.md): the smallest possible method,
 registered from this module, is usable by name in the optax sync, in a trainer spec and in
 the benchmark, with nothing else changed."""
 

@@ -2,6 +2,7 @@
 good one and never cost a good one, a writer killed mid-save leaves no half checkpoint, and
 a checkpoint of another state is a clear error naming the leaf and both shapes."""
 
+import collections
 import os
 import signal
 import subprocess
@@ -151,6 +152,33 @@ def test_another_shape_names_the_leaf_and_both_shapes(tmp_path):
   step, state, _ = restore(tmp_path, rows=(5, 4), devices=4)
   assert step == 1
   np.testing.assert_allclose(np.asarray(state["opt"].residual).sum(0), 2.0)
+
+
+def test_a_state_type_that_gained_a_field_without_arrays_reads_older_checkpoints(tmp_path):
+  """SyncState's ``leaves`` (its float leaf shapes, part of the pytree structure, no array)
+  came after checkpoints written without it: the restore reads the saved tree in its own
+  structure and matches leaves by path, so those checkpoints still restore, bit for bit."""
+  import optax
+
+  import spardl_jax as sj
+
+  mesh = make_mesh(2)
+  tx = optax.chain(sj.spardl(density=0.5, momentum=0.9), optax.sgd(0.1))
+  params = jax.device_put({"w": jnp.zeros((6,))}, NamedSharding(mesh, P()))
+  state = sj.init_opt_state(tx, params, mesh)
+  rng = np.random.default_rng(0)
+  state = jax.tree.map(lambda a: jax.device_put(rng.standard_normal(a.shape).astype(a.dtype),
+                                                a.sharding)
+                       if jnp.issubdtype(a.dtype, jnp.floating) else a, state)
+  sync = state[0]
+  older = collections.namedtuple("SyncState", ["method_state", "velocity", "count", "stats"])
+  mgr = checkpoint.manager(tmp_path, max_to_keep=3)
+  checkpoint.save(mgr, 1, {"opt": (older(*sync[:4]), state[1])}, [{"epoch": 1}])
+  step, restored, _ = checkpoint.restore_latest(mgr, {"opt": state})
+  mgr.close()
+  assert step == 1 and isinstance(restored["opt"][0], sj.SyncState)
+  for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves({"opt": state})):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_a_writer_killed_mid_save_leaves_only_whole_checkpoints(tmp_path):
