@@ -1,0 +1,162 @@
+"""Where one sync's compute goes, stage by stage, from a profile of the compiled program.
+
+python -m benchmarks.sync_profile --method spardl --ranks 8 --n 14.7e6 [--calls 3]
+
+Runs the method's sync with ``--ranks`` ranks emulated on one device (``jax.vmap`` with the
+method's axis name, as ``spardl-bench --emulate`` does: one program, so no device waits for
+another and every instruction's time is its own), records a ``jax.profiler`` trace of
+``--calls`` calls, and charges every executed HLO instruction's time to the stage of the algorithm that emitted
+it: the compiled program's text maps each instruction to the Python stack that traced it, and
+the stage is the outermost frame inside the method's own code (for SparDL the functions
+``_stages`` calls: ``spar_reduce_scatter``, ``own_block_selection``, ``gather_team``,
+``scatter_result``, ``collect_residual``, ...), with the library module below it that did the
+work (``topk.py`` for a selection inside SRS, say). A fusion is charged to the stages of the
+instructions fused into it (``a + b`` when it spans two); loops and branches through their
+bodies. Emulated collectives are gathers and permutations in memory, listed apart. Times are
+per rank and per call: the batched call's time divided by ``P`` and by ``--calls``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+
+# The method's own code: the first frame below these is the stage.
+_ENTRY = ("_stages", "spardl_allreduce", "apply", "step")
+_COLLECTIVES = ("collective-permute", "all-reduce", "all-gather", "all-to-all",
+                "reduce-scatter", "collective-broadcast")
+_CONTAINERS = ("while", "conditional", "call")
+
+
+def _tables(text: str):
+  """``(instructions, stack)``: each instruction's opcode and stack frame id, and a function
+  from a stack frame id to its frames ``[(file, function), ...]``, innermost first."""
+  def section(name: str) -> dict[int, str]:
+    match = re.search(rf"^{name}\n((?:\d+ .*\n)+)", text, flags=re.M)
+    return {int(i): rest for i, rest in re.findall(r"^(\d+) (.*)$", match.group(1), re.M)
+            } if match else {}
+
+  files = {i: os.path.basename(v.strip('"')) for i, v in section("FileNames").items()}
+  functions = {i: v.strip('"') for i, v in section("FunctionNames").items()}
+  locations = {i: (files[int(re.search(r"file_name_id=(\d+)", v).group(1))],
+                   functions[int(re.search(r"function_name_id=(\d+)", v).group(1))])
+               for i, v in section("FileLocations").items()}
+  frames = {i: (int(re.search(r"file_location_id=(\d+)", v).group(1)),
+                int(re.search(r"parent_frame_id=(\d+)", v).group(1)))
+            for i, v in section("StackFrames").items()}
+
+  def stack(frame: int) -> list[tuple[str, str]]:
+    out = []
+    while frame in frames:
+      location, parent = frames[frame]
+      out.append(locations[location])
+      frame = parent - 1  # the text prints a frame's parent id plus one (0: none)
+    return out
+
+  instructions = {}
+  for name, opcode, frame in re.findall(
+      r"^\s*(?:ROOT )?%?([\w.\-]+) = .*? ([\w\-]+)\(.*?stack_frame_id=(\d+)", text, re.M):
+    instructions[name] = (opcode, int(frame))
+  return instructions, stack
+
+
+def stage_of(frames: list[tuple[str, str]]) -> tuple[str, str]:
+  """``(stage, module)``: the outermost function below the method's entry, and the innermost
+  library module of the stack."""
+  outer_first = frames[::-1]
+  for i, (_, function) in enumerate(outer_first):
+    if function.split(".")[-1] in _ENTRY or function.endswith("<locals>.step"):
+      continue
+    if i and (outer_first[i - 1][1].split(".")[-1] in _ENTRY
+              or outer_first[i - 1][1].endswith("<locals>.step")):
+      return function, frames[0][0]
+  return (frames[0][1] if frames else "?"), (frames[0][0] if frames else "?")
+
+
+def _fused_frames(text: str) -> dict[str, set[int]]:
+  """Each fused computation's stack frame ids (what was fused into it)."""
+  out: dict[str, set[int]] = {}
+  for name, body in re.findall(r"^%([\w.\-]+) \(.*?\) -> .*? \{\n(.*?)^\}", text, re.M | re.S):
+    out[name] = {int(f) for f in re.findall(r"stack_frame_id=(\d+)", body)}
+  return out
+
+
+def profile(method_spec: str, *, p: int, n: int, calls: int, density: float = 0.01):
+  """``(rows, total_us)``: per (stage, module) the microseconds per rank and call."""
+  import jax
+
+  from spardl_jax.sync import methods
+
+  jax.config.update("jax_traceback_in_locations_limit", -1)  # whole stacks in the HLO
+  name, options = methods.parse(method_spec, density=density)
+  method = methods.make(name, **options)
+  x = jax.random.normal(jax.random.key(0), (p, n))
+  state = jax.tree.map(lambda a: jax.numpy.broadcast_to(a, (p, *a.shape)),
+                       method.init(n=n, dtype=x.dtype, p=p))
+  fn = jax.jit(jax.vmap(lambda x, s: method.apply(x, s, axis_name="data"), axis_name="data"))
+  compiled = fn.lower(x, state).compile()
+  text = compiled.as_text()
+  instructions, stack = _tables(text)
+  fused = _fused_frames(text)
+  calls_of = dict(re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*? fusion\(.*?calls=%([\w.\-]+)",
+                             text, re.M))
+  _, state = jax.block_until_ready(compiled(x, state))  # warm-up
+  with tempfile.TemporaryDirectory() as folder:
+    with jax.profiler.trace(folder):
+      for _ in range(calls):
+        _, state = jax.block_until_ready(compiled(x, state))
+    trace = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
+    with gzip.open(trace[-1]) as f:
+      events = json.load(f)["traceEvents"]
+  spent: collections.Counter = collections.Counter()
+  for event in events:
+    found = instructions.get(event.get("name", ""))
+    if event.get("ph") != "X" or found is None or found[0] in _CONTAINERS:
+      continue
+    opcode, frame = found
+    if opcode.startswith(_COLLECTIVES):
+      spent["communication (emulated)", opcode] += event["dur"]
+      continue
+    frames = fused.get(calls_of.get(event["name"], ""), set()) or {frame}
+    stages = sorted({stage_of(stack(f)) for f in frames})
+    spent[" + ".join(s for s, _ in stages), " + ".join(sorted({m for _, m in stages}))] += (
+        event["dur"])
+  scale = 1.0 / (p * calls)
+  rows = [(stage, module, us * scale) for (stage, module), us in spent.most_common()]
+  return rows, sum(us for _, _, us in rows)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.sync_profile",
+                                   description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--method", default="spardl", help="a method spec, e.g. spardl:wire=exact")
+  parser.add_argument("--ranks", type=int, default=8)
+  parser.add_argument("--n", type=lambda v: int(float(v)), default=14_700_000)
+  parser.add_argument("--density", type=float, default=0.01)
+  parser.add_argument("--calls", type=int, default=3)
+  parser.add_argument("--out", help="a JSON file for the rows")
+  args = parser.parse_args(argv)
+  rows, total = profile(args.method, p=args.ranks, n=args.n, calls=args.calls,
+                        density=args.density)
+  print(f"{args.method}, P = {args.ranks} emulated ranks, n = {args.n:,}: {total / 1e3:.2f} "
+        f"ms per rank and call in all")
+  print("| stage | module | ms per rank | share |\n|---|---|---:|---:|")
+  for stage, module, us in rows:
+    print(f"| {stage} | {module} | {us / 1e3:.3f} | {us / total:.1%} |")
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump({"args": vars(args), "total_us": total,
+                 "rows": [{"stage": s, "module": m, "us": u} for s, m, u in rows]}, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
