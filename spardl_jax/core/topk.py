@@ -3,24 +3,27 @@
 Every SparDL selection keeps the ``kb`` entries of a block with the largest ``|value|``, ties
 going to the lower index (``docs/design.md``). ``lax.top_k`` does this but, on XLA:CPU, pays
 to sort its output by every *selected* entry (``benchmarks/results/cpu_profile.md`` has the
-figures).
-SparDL needs neither sorted output nor ``top_k``:
+figures), and on XLA:GPU sorts the whole row for a large ``k`` (a comparison sort for 2 to 26
+rows). SparDL needs neither sorted output nor ``top_k``; it finds the exact ``kb``-th largest
+key ``t``, keeps the entries above ``t`` and the ones equal to ``t`` in index order until
+``kb`` are kept, and compacts them in ascending offset order. Three ways to find ``t``
+(:data:`Method`), all exact and all giving the same positions:
 
-* **Threshold selection** (:func:`select`): bisection on the int32 bits of ``|value|`` (a
-  monotone integer key for non-negative floats) finds the exact ``kb``-th largest key ``t``
-  in 31 vectorised counting passes; entries above ``t`` are kept, entries equal to ``t`` in
-  index order until ``kb`` are kept, and a prefix sum + scatter compacts them, in ascending
-  offset order.
-* **Two stages** (:func:`block_topk`): each block is cut into chunks of ``c`` entries; stage 1
-  selects the ``kb`` best chunks by their maximum, stage 2 selects ``kb`` entries among those
-  chunks only. Exact: order entries by (key desc, index asc); a chunk holding one of the top
-  ``kb`` entries has its best entry among them, so at most ``kb - 1`` chunks rank before it.
-  With ``c ~ sqrt(m / kb)`` both stages see about ``sqrt(density) m`` keys instead of ``m``.
-* **On GPUs** the counting passes are small kernels launched one after another (about 60 for
-  a two-stage selection, a fixed cost whatever the size), while ``lax.top_k`` is one fused
-  kernel, faster there (``benchmarks/results/sync_methods.md``, "On a GPU"). There :func:`select`
-  takes ``lax.top_k`` of the keys (equal keys: the lower index first, the same set) and
-  sorts the positions back into ascending order (``method="sort"``).
+* ``"count"`` (:func:`kth_largest`): bisection on the int32 bits of ``|value|`` (a monotone
+  integer key for non-negative floats), 31 vectorised counting passes in a loop. The CPU's:
+  each pass is a cheap vector reduction there.
+* ``"radix"``: the key's 31 bits four at a time, most significant first; each pass counts
+  the keys at or above 15 candidate thresholds at once, so 8 passes, unrolled (no loop, no
+  branch, no sort: a few fused reductions on a GPU, where each launch and each loop step
+  costs more than the reading).
+* ``"sort"``: ``lax.top_k`` of the keys, positions sorted back (the GPU's choice before
+  ``radix``; kept to compare against it).
+
+**Two stages** (:func:`block_topk`): each block is cut into chunks of ``c`` entries; stage 1
+selects the ``kb`` best chunks by their maximum, stage 2 selects ``kb`` entries among those
+chunks only. Exact: order entries by (key desc, index asc); a chunk holding one of the top
+``kb`` entries has its best entry among them, so at most ``kb - 1`` chunks rank before it.
+With ``c ~ sqrt(m / kb)`` both stages see about ``sqrt(density) m`` keys instead of ``m``.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ['default_method', 'chunk_size', 'keys', 'kth_largest', 'GroupCounts', 'select',
-           'block_topk']
+__all__ = ['METHODS', 'default_method', 'chunk_size', 'keys', 'kth_largest', 'GroupCounts',
+           'select', 'block_topk']
 
 # Below this chunk size two stages save less than they cost.
 _MIN_CHUNK = 4
@@ -41,15 +44,17 @@ _GROUP = 8  # entries per group of the compaction's counts
 _GROUPED_FROM = 1 << 14  # keys per row from which the grouped compaction pays
 
 
-Method = Literal["count", "sort"]
+Method = Literal["count", "radix", "sort"]
+METHODS = ("count", "radix", "sort")
+_RADIX_BITS = 4  # key bits a radix pass decides: 2**4 - 1 thresholds counted at once
 
 
 def default_method() -> Method:
-  """How :func:`select` finds the top k on the default backend: ``"sort"`` (``lax.top_k``)
-  on GPUs, ``"count"`` (bisection on the keys) elsewhere. Measured on XLA:CPU and an H100
-  (``benchmarks/results/sync_methods.md``); every device of a job runs the same backend, so
+  """How :func:`select` finds the top k on the default backend: ``"radix"`` on GPUs,
+  ``"count"`` elsewhere (XLA:CPU counts 15 thresholds per pass about 10x slower than one:
+  ``benchmarks/results/sync_methods.md``); every device of a job runs the same backend, so
   all choose alike."""
-  return "sort" if jax.default_backend() == "gpu" else "count"
+  return "radix" if jax.default_backend() == "gpu" else "count"
 
 
 def chunk_size(m: int, kb: int, *, method: Method | None = None) -> int:
@@ -79,8 +84,15 @@ def keys(values: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(jnp.abs(values).astype(jnp.float32), jnp.int32)
 
 
-def kth_largest(k_: jax.Array, k: int) -> jax.Array:
-  """``(L,)``: the ``k``-th largest key of each row of ``k_`` ``(L, N)`` (exact bisection)."""
+def kth_largest(k_: jax.Array, k: int, *, method: Method | None = None) -> jax.Array:
+  """``(L,)``: the ``k``-th largest key of each row of ``k_`` ``(L, N)`` (exact)."""
+  method = method or default_method()
+  if method == "radix":
+    return _kth_largest_radix(k_, k)
+  if method == "sort":
+    magnitudes = jax.lax.bitcast_convert_type(k_, jnp.float32)
+    return jax.lax.bitcast_convert_type(jax.lax.top_k(magnitudes, k)[0][:, -1], jnp.int32)
+
   def halve(_, bounds):
     lo, hi = bounds  # invariant: count(keys >= lo) >= k > count(keys > hi)
     mid = hi - (hi - lo) // 2  # upper middle, no int32 overflow
@@ -92,7 +104,28 @@ def kth_largest(k_: jax.Array, k: int) -> jax.Array:
   return jax.lax.fori_loop(0, _KEY_BITS, halve, bounds)[0]
 
 
-def _compact(take: jax.Array, k: int) -> jax.Array:
+def _kth_largest_radix(k_: jax.Array, k: int) -> jax.Array:
+  """The ``k``-th largest key of each row, its bits decided :data:`_RADIX_BITS` at a time.
+
+  Invariant: the ``prefix`` bits decided so far are those of ``t``, i.e. at least ``k`` keys
+  lie at or above ``prefix`` followed by zeros. A pass counts the keys at or above each of
+  the ``2**b - 1`` thresholds ``prefix, j, 0...`` (``j = 1 .. 2**b - 1``, ``b`` bits) in one
+  read of the keys; the next ``b`` bits of ``t`` are the number of thresholds still counting
+  at least ``k``.
+  """
+  prefix = jnp.zeros_like(k_[:, 0])
+  left = _KEY_BITS
+  while left:  # unrolled: a fixed 8 passes of 4, 4, ..., 4, 3 bits
+    bits = min(_RADIX_BITS, left)
+    left -= bits
+    digits = jnp.arange(1, 2**bits, dtype=jnp.int32)
+    thresholds = ((prefix[:, None] << bits) | digits) << left  # (L, 2**bits - 1)
+    counts = jnp.sum(k_[:, :, None] >= thresholds[:, None, :], axis=1, dtype=jnp.int32)
+    prefix = (prefix << bits) | jnp.sum(counts >= k, axis=1, dtype=jnp.int32)
+  return prefix
+
+
+def _compact(take: jax.Array, k: int, *, search: str = "scan") -> jax.Array:
   """Positions of the ``k`` True entries of each row of ``take`` ``(L, N)``, ascending.
 
   For long rows a prefix sum over ``N`` and a scatter of ``N`` entries cost more on XLA:CPU
@@ -110,7 +143,7 @@ def _compact(take: jax.Array, k: int) -> jax.Array:
     out = jnp.zeros((rows * (k + 1),), jnp.int32).at[flat].set(source, mode="drop")
     return out.reshape(rows, k + 1)[:, :k]
   slots = jnp.arange(k, dtype=jnp.int32)
-  return jax.vmap(lambda row: GroupCounts.of(row, _GROUP).nth(slots))(take)
+  return jax.vmap(lambda row: GroupCounts.of(row, _GROUP).nth(slots, search=search))(take)
 
 
 class GroupCounts(NamedTuple):
@@ -145,11 +178,13 @@ class GroupCounts(NamedTuple):
     return start + jnp.sum(window & (lanes[None] < (positions - at * width)[:, None]), axis=1,
                            dtype=jnp.int32)
 
-  def nth(self, ranks: jax.Array) -> jax.Array:
+  def nth(self, ranks: jax.Array, *, search: str = "scan") -> jax.Array:
     """``(R,)`` int32 index of the True entry with ``ranks`` True entries before it (ranks
-    at or past the total give an arbitrary index: mask them)."""
+    at or past the total give an arbitrary index: mask them). ``search`` is
+    ``jnp.searchsorted``'s method: its loop (``"scan"``), or ``"scan_unrolled"`` where a
+    loop step costs more than its work (a GPU waits on the host for each)."""
     width = self.groups.shape[1]
-    at = jnp.minimum(jnp.searchsorted(self.ends, ranks, side="right"),
+    at = jnp.minimum(jnp.searchsorted(self.ends, ranks, side="right", method=search),
                      self.groups.shape[0] - 1)
     window, start = self._group(at)
     # Inclusive counts inside each group by a triangular product (exact in float32 for any
@@ -166,18 +201,19 @@ def select(k_: jax.Array, k: int, *, method: Method | None = None) -> jax.Array:
   Args:
     k_: ``(L, N)`` non-negative int32 keys (:func:`keys`, or 0 for an empty slot).
     k: positions to keep per row (static, at most ``N``).
-    method: ``"count"`` (bisection and compaction) or ``"sort"`` (``lax.top_k``, positions
-      sorted back); both give the same positions. ``None``: :func:`default_method`.
+    method: one of :data:`METHODS` (see the module's docstring); all give the same
+      positions. ``None``: :func:`default_method`.
 
   Returns:
     ``(L, k)`` int32 positions in ascending order.
   """
-  if (method or default_method()) == "sort":
+  method = method or default_method()
+  if method == "sort":
     # The keys are the bits of non-negative float32s: as floats they order alike (NaN above
     # inf, as lax.top_k ranks it), and XLA's TopK is fast for floats but not for int32.
     magnitudes = jax.lax.bitcast_convert_type(k_, jnp.float32)
     return jnp.sort(jax.lax.top_k(magnitudes, k)[1], axis=-1)
-  t = kth_largest(k_, k)[:, None]
+  t = kth_largest(k_, k, method=method)[:, None]
   above = k_ > t
   at_least = k_ >= t
 
@@ -186,6 +222,8 @@ def select(k_: jax.Array, k: int, *, method: Method | None = None) -> jax.Array:
     need = k - jnp.sum(above, axis=1, keepdims=True, dtype=jnp.int32)
     return above | (tied & (jnp.cumsum(tied, axis=1, dtype=jnp.int32) <= need))
 
+  if method == "radix":  # no loop, no branch: on a GPU each waits on the host
+    return _compact(ties_in_index_order(), k, search="scan_unrolled")
   # Usually every entry equal to t is kept; only then can one prefix sum be skipped.
   crowded = jnp.any(jnp.sum(at_least, axis=1, dtype=jnp.int32) > k)
   take = jax.lax.cond(crowded, ties_in_index_order, lambda: at_least)
@@ -210,15 +248,18 @@ def block_topk(buf: jax.Array, rows: jax.Array, kb: int, chunk: int, *,
     ``(L, kb)`` values there, in ``buf``'s dtype.
   """
   q, mc = buf.shape
-  blocks = buf[rows]  # (L, mc)
   if chunk == 1:
+    blocks = buf[rows]  # (L, mc)
     offsets = select(keys(blocks), kb, method=method)
     return offsets, jnp.take_along_axis(blocks, offsets, axis=1)
   nc = mc // chunk
-  chunked = blocks.reshape(-1, nc, chunk)
+  chunked = buf.reshape(q, nc, chunk)
   kc = min(kb, nc)
-  chunks = select(keys(chunked).max(axis=-1), kc, method=method)  # (L, kc), ascending
-  entries = jnp.take_along_axis(chunked, chunks[:, :, None], axis=1).reshape(-1, kc * chunk)
+  # Both stages read the rows straight from `buf`: the chunk maxima reduce the gathered rows
+  # as they are read, and stage 2 gathers only the chosen chunks, so no copy of the L rows
+  # (half the vector in SRS's first step) is ever written.
+  chunks = select(keys(chunked[rows]).max(axis=-1), kc, method=method)  # (L, kc), ascending
+  entries = chunked[rows[:, None], chunks].reshape(-1, kc * chunk)
   pos = select(keys(entries), kb, method=method)
   offsets = jnp.take_along_axis(chunks, pos // chunk, axis=1) * chunk + pos % chunk
   return offsets, jnp.take_along_axis(entries, pos, axis=1)

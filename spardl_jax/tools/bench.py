@@ -27,19 +27,22 @@ B-SAG traffic is read from the branch of the largest message, ``h = kb``, the mo
 assumption.
 
 ``--selection`` times the selection alone instead, on one device of whatever backend runs
-it: SparDL's exact block selection (two-stage bisection, :mod:`spardl_jax.core.topk`) of the
-top ``k = ceil(density * n)`` of one ``(n,)`` vector, against ``lax.top_k`` (exact, sorted)
-and ``lax.approx_max_k`` (approximate, recall target 0.95), plus one dense elementwise pass
-over the vector (the memory floor), each the median of ``--repeats`` after a warm-up; ours
-is checked to return exactly ``lax.top_k``'s index set. ``--out`` writes ``results.json`` and ``modeled_time.png`` (modeled time vs
+it: SparDL's exact block selection (two stages, with each method of
+:mod:`spardl_jax.core.topk`) of the top ``k = ceil(density * n)`` of one ``(n,)`` vector,
+against ``lax.top_k`` (exact, sorted) and ``lax.approx_max_k`` (approximate, recall target
+0.95), plus one dense elementwise pass over the vector (the memory floor), each the median
+of ``--repeats`` after a warm-up; ours is checked to return exactly ``lax.top_k``'s index
+set. ``--out`` writes ``results.json`` and ``modeled_time.png`` (modeled time vs
 ``P`` per method). ``--trace`` writes Perfetto traces of a few calls (ui.perfetto.dev).
 
 ``--emulate`` times the whole sync's compute on ONE device with the ``P`` ranks emulated:
 ``jax.vmap`` with the method's axis name runs all ranks batched, and its collectives become
 gathers and permutations inside the device's memory, so no network is timed. Each method
 (and ``psum``, as ``dense``) runs the same way; the table gives the time of the batched call
-and that time over ``P`` (an estimate of one rank's compute, exact only when the batch fills
-the device). The results are checked: every rank's output equal to rank 0's.
+and that time over ``P``: an estimate of one rank's compute, but not what a rank runs (each
+selection is a batch of ``P`` rows, and a ``lax.cond`` runs both branches); the repository's
+``python -m benchmarks.per_rank`` times one rank's own program. The results are checked:
+every rank's output equal to rank 0's.
 """
 
 from __future__ import annotations
@@ -361,9 +364,9 @@ def plot(rows: list[dict], path: str) -> None:
 def run_selection(args) -> list[dict]:
   """One row per (n, density): seconds per call of each selection and the dense pass.
 
-  SparDL's selection (``core/topk.py``) runs with each method: ``count`` and ``sort`` in the
-  two stages of the counting rule, ``sort`` also in one stage. ``default`` names the one
-  SparDL runs on this backend.
+  SparDL's selection (``core/topk.py``) runs with each method: ``count``, ``radix`` and
+  ``sort`` in the two stages of the counting rule, ``sort`` also in one stage. ``default``
+  names the one SparDL runs on this backend.
   """
   import jax
   import jax.numpy as jnp
@@ -380,6 +383,7 @@ def run_selection(args) -> list[dict]:
 
   candidates = {
       "count": ours("count"),
+      "radix": ours("radix"),
       "sort": ours("sort"),
       "sort_one_stage": ours("sort", one_stage=True),
       "top_k": lambda x, k: jax.lax.top_k(jnp.abs(x), k)[1],
@@ -388,8 +392,8 @@ def run_selection(args) -> list[dict]:
   }
 
   def default(n, k):
-    if topk.default_method() == "count":
-      return "count"
+    if topk.default_method() != "sort":
+      return topk.default_method()
     return "sort_one_stage" if topk.chunk_size(n, k) == 1 else "sort"
 
   rows = []
@@ -411,20 +415,21 @@ def run_selection(args) -> list[dict]:
         row[f"{name}_s"] = statistics.median(times)
       want = np.sort(np.asarray(outputs["top_k"]))
       row["exact"] = all(np.array_equal(np.asarray(outputs[name]), want)
-                         for name in ("count", "sort", "sort_one_stage"))
+                         for name in ("count", "radix", "sort", "sort_one_stage"))
       rows.append(row)
       print(format_selection([row]).splitlines()[-1], flush=True)
   return rows
 
 
 def format_selection(rows: list[dict]) -> str:
-  lines = ["| n | density | k | SparDL count (s) | SparDL sort (s) | sort, one stage (s) "
-           "| lax.top_k (s) | lax.approx_max_k (s) | dense pass (s) | top_k / SparDL default "
-           "| exact |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| n | density | k | SparDL count (s) | SparDL radix (s) | SparDL sort (s) | sort, "
+           "one stage (s) | lax.top_k (s) | lax.approx_max_k (s) | dense pass (s) | top_k / "
+           "SparDL default | exact |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     mine = r[f"{r['default']}_s"]
     lines.append(f"| {r['n']:,} | {r['density']:g} | {r['k']:,} | {r['count_s']:.4f} | "
-                 f"{r['sort_s']:.4f} | {r['sort_one_stage_s']:.4f} | {r['top_k_s']:.4f} | "
+                 f"{r['radix_s']:.4f} | {r['sort_s']:.4f} | {r['sort_one_stage_s']:.4f} | "
+                 f"{r['top_k_s']:.4f} | "
                  f"{r['approx_max_k_s']:.4f} | {r['dense_pass_s']:.4f} | "
                  f"{r['top_k_s'] / mine:.1f}x ({r['default']}) | {r['exact']} |")
   return "\n".join(lines)

@@ -13,7 +13,7 @@ from spardl_jax.core import topk
 from tests import reference
 
 
-METHODS = ["count", "sort"]  # the CPU's default and the GPU's (forced here on the CPU)
+METHODS = list(topk.METHODS)  # the CPU's default, the GPU's and top_k's (forced on the CPU)
 
 
 # (300000, 3000): both stages see over 2**14 keys, the grouped compaction's path.
@@ -67,8 +67,8 @@ def test_select_property(n, data):
     np.testing.assert_array_equal(positions, reference.topk_offsets(row, k))
 
 
-@pytest.mark.parametrize("backend,method", [("cpu", "count"), ("gpu", "sort"), ("tpu", "count")])
-def test_the_gpu_sorts_and_other_backends_count(monkeypatch, backend, method):
+@pytest.mark.parametrize("backend,method", [("cpu", "count"), ("gpu", "radix"), ("tpu", "count")])
+def test_the_gpu_counts_by_radix_and_other_backends_by_bisection(monkeypatch, backend, method):
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
   assert topk.default_method() == method
 
@@ -77,3 +77,63 @@ def test_keys_order_like_magnitudes():
   v = jnp.array([0.0, -0.0, 1.0, -2.0, jnp.inf, 1e-30], jnp.float32)
   k = np.asarray(topk.keys(v))
   assert k[0] == k[1] and k[5] > k[0] and k[3] > k[2] and k[4] > k[3]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_nan_inf_and_signed_zeros_rank_by_their_key_bits(method):
+  """NaN above inf above every finite value, -0.0 tied with 0.0 (their |value| bits), ties to
+  the lower index: against NumPy's stable argsort of the bits, and lax.top_k's set."""
+  rng = np.random.default_rng(7)
+  rows = np.round(rng.standard_normal((6, 257)) * 2).astype(np.float32)  # many ties
+  rows[0, [3, 50, 200]] = np.nan
+  rows[1, [0, 9]] = [np.inf, -np.inf]
+  rows[2, :] = 0.0
+  rows[2, ::3] = -0.0
+  rows[3, [5, 6]] = [np.nan, np.inf]
+  rows[4, :] = np.float32(3.0e38) * np.sign(rows[4])  # float32's largest magnitudes
+  rows[5, 100:] = np.nan
+  bits = np.abs(rows).view(np.int32)
+  for k in (1, 3, 40, 257):
+    got = np.asarray(_select(jnp.asarray(rows), k, method))
+    keys = topk.keys(jnp.asarray(rows))
+    top_k = np.sort(np.asarray(jax.lax.top_k(
+        jax.lax.bitcast_convert_type(keys, jnp.float32), k)[1]), axis=-1)
+    for r in range(rows.shape[0]):
+      want = np.sort(np.argsort(-bits[r], kind="stable")[:k])
+      np.testing.assert_array_equal(got[r], want)
+      np.testing.assert_array_equal(got[r], top_k[r])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_kth_largest_is_the_kth_key(method):
+  rng = np.random.default_rng(3)
+  keys = np.abs(rng.standard_normal((5, 1000)).astype(np.float32)).view(np.int32)
+  keys[1] = np.abs(np.round(rng.standard_normal(1000))).astype(np.float32).view(np.int32)
+  keys[2] = 0
+  for k in (1, 17, 1000):
+    got = np.asarray(jax.jit(functools.partial(topk.kth_largest, method=method),
+                             static_argnums=1)(jnp.asarray(keys), k))
+    np.testing.assert_array_equal(got, -np.sort(-keys, axis=1)[:, k - 1])
+
+
+@pytest.mark.parametrize("method,teams", [("count", 1), ("radix", 1), ("radix", 2)])
+def test_the_compiled_sync_sorts_nothing(monkeypatch, method, teams):
+  """With the CPU's selection (count) and the GPU's (radix, forced here), SparDL's whole
+  compiled sync, R-SAG across two teams included, holds no sort and no ``lax.top_k`` (XLA's
+  TopK, which XLA:GPU turns into a sort of the whole row for a large ``k``): with
+  ``method="sort"`` this check finds a TopK per selection. (B-SAG alone orders its ``kb``
+  pairs by magnitude.)"""
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from spardl_jax.sync import methods
+  from tests import harness
+
+  monkeypatch.setattr(topk, "default_method", lambda: method)
+  p, n = 4, 40_000
+  spardl = methods.make("spardl", density=0.01, teams=teams, sag="recursive")
+  sharding = NamedSharding(harness.mesh(p), P(harness.AXIS))
+  text = methods.sharded(spardl, harness.mesh(p), harness.AXIS).lower(
+      jax.ShapeDtypeStruct((p, n), jnp.float32, sharding=sharding),
+      methods.abstract_rows(spardl, p, n, sharding)).compile().as_text()
+  assert " sort(" not in text and 'custom_call_target="TopK"' not in text

@@ -68,9 +68,9 @@ def test_selection_benchmark_is_exact_and_complete():
   assert [(r["n"], r["k"]) for r in rows] == [(3000, 30), (3000, 1500)]
   for r in rows:
     assert r["exact"]
-    assert r["default"] in ("count", "sort", "sort_one_stage")
-    assert all(r[f"{name}_s"] > 0 for name in ("count", "sort", "sort_one_stage", "top_k",
-                                               "approx_max_k", "dense_pass"))
+    assert r["default"] in ("count", "radix", "sort", "sort_one_stage")
+    assert all(r[f"{name}_s"] > 0 for name in ("count", "radix", "sort", "sort_one_stage",
+                                               "top_k", "approx_max_k", "dense_pass"))
   assert "| 3,000 | 0.01 | 30 |" in bench.format_selection(rows)
 
 
