@@ -13,7 +13,10 @@ the stage is the outermost frame inside the method's own code (for SparDL the fu
 work (``topk.py`` for a selection inside SRS, say). A fusion is charged to the stages of the
 instructions fused into it (``a + b`` when it spans two); loops and branches through their
 bodies. Emulated collectives are gathers and permutations in memory, listed apart. Times are
-per rank and per call: the batched call's time divided by ``P`` and by ``--calls``.
+per rank and per call: the batched call's time divided by ``P`` and by ``--calls``. Under
+``vmap`` a ``lax.cond`` runs both branches (a select), so a method whose rare branch is
+costly is profiled as it runs on real devices with ``--simulated`` (CPU devices, one program
+each; durations there include the time the 2 cores are shared).
 """
 
 from __future__ import annotations
@@ -70,14 +73,12 @@ def _tables(text: str):
 def stage_of(frames: list[tuple[str, str]]) -> tuple[str, str]:
   """``(stage, module)``: the outermost function below the method's entry, and the innermost
   library module of the stack."""
-  outer_first = frames[::-1]
-  for i, (_, function) in enumerate(outer_first):
+  if not frames:
+    return "?", "?"
+  for i, (_, function) in enumerate(frames):  # the innermost entry frame
     if function.split(".")[-1] in _ENTRY or function.endswith("<locals>.step"):
-      continue
-    if i and (outer_first[i - 1][1].split(".")[-1] in _ENTRY
-              or outer_first[i - 1][1].endswith("<locals>.step")):
-      return function, frames[0][0]
-  return (frames[0][1] if frames else "?"), (frames[0][0] if frames else "?")
+      return frames[max(i - 1, 0)][1], frames[0][0]
+  return frames[0][1], frames[0][0]
 
 
 def _fused_frames(text: str) -> dict[str, set[int]]:
@@ -88,9 +89,11 @@ def _fused_frames(text: str) -> dict[str, set[int]]:
   return out
 
 
-def profile(method_spec: str, *, p: int, n: int, calls: int, density: float = 0.01):
+def profile(method_spec: str, *, p: int, n: int, calls: int, density: float = 0.01,
+            simulated: bool = False):
   """``(rows, total_us)``: per (stage, module) the microseconds per rank and call."""
   import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
 
   from spardl_jax.sync import methods
 
@@ -100,7 +103,14 @@ def profile(method_spec: str, *, p: int, n: int, calls: int, density: float = 0.
   x = jax.random.normal(jax.random.key(0), (p, n))
   state = jax.tree.map(lambda a: jax.numpy.broadcast_to(a, (p, *a.shape)),
                        method.init(n=n, dtype=x.dtype, p=p))
-  fn = jax.jit(jax.vmap(lambda x, s: method.apply(x, s, axis_name="data"), axis_name="data"))
+  if simulated:  # P devices, each its own program (its collectives wait for the others)
+    mesh = jax.make_mesh((p,), ("data",), devices=jax.devices()[:p],
+                         axis_types=(jax.sharding.AxisType.Explicit,))
+    x, state = jax.device_put((x, state), NamedSharding(mesh, P("data")))
+    fn = methods.sharded(method, mesh, nonfinite="propagate")
+  else:
+    fn = jax.jit(jax.vmap(lambda x, s: method.apply(x, s, axis_name="data"),
+                          axis_name="data"))
   compiled = fn.lower(x, state).compile()
   text = compiled.as_text()
   instructions, stack = _tables(text)
@@ -122,7 +132,7 @@ def profile(method_spec: str, *, p: int, n: int, calls: int, density: float = 0.
       continue
     opcode, frame = found
     if opcode.startswith(_COLLECTIVES):
-      spent["communication (emulated)", opcode] += event["dur"]
+      spent["communication", opcode] += event["dur"]
       continue
     frames = fused.get(calls_of.get(event["name"], ""), set()) or {frame}
     stages = sorted({stage_of(stack(f)) for f in frames})
@@ -133,22 +143,42 @@ def profile(method_spec: str, *, p: int, n: int, calls: int, density: float = 0.
   return rows, sum(us for _, _, us in rows)
 
 
+def coarse(rows) -> list[tuple[str, float]]:
+  """The rows summed by stage alone: a fused instruction spanning several stages goes to the
+  first of them in the method's order (SparDL's stages, then anything else)."""
+  order = ("spar_reduce_scatter", "own_block_selection", "spar_all_gather", "gather_team",
+           "scatter_result", "collect_residual", "_stages", "communication")
+  sums: collections.Counter = collections.Counter()
+  for stage, _, us in rows:
+    names = stage.split(" + ")
+    sums[next((o for o in order if o in names), names[0])] += us
+  return sums.most_common()
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.sync_profile",
                                    description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--method", default="spardl", help="a method spec, e.g. spardl:wire=exact")
   parser.add_argument("--ranks", type=int, default=8)
+  parser.add_argument("--simulated", action="store_true",
+                      help="the ranks as simulated CPU devices, each running its own program "
+                           "(a method's cond branches as they run; its collectives' times "
+                           "include waiting, and 2 cores share the devices' threads)")
   parser.add_argument("--n", type=lambda v: int(float(v)), default=14_700_000)
   parser.add_argument("--density", type=float, default=0.01)
   parser.add_argument("--calls", type=int, default=3)
   parser.add_argument("--out", help="a JSON file for the rows")
   args = parser.parse_args(argv)
   rows, total = profile(args.method, p=args.ranks, n=args.n, calls=args.calls,
-                        density=args.density)
-  print(f"{args.method}, P = {args.ranks} emulated ranks, n = {args.n:,}: {total / 1e3:.2f} "
-        f"ms per rank and call in all")
-  print("| stage | module | ms per rank | share |\n|---|---|---:|---:|")
+                        density=args.density, simulated=args.simulated)
+  ranks = "simulated devices" if args.simulated else "ranks emulated on one device"
+  print(f"{args.method}, P = {args.ranks} {ranks}, n = {args.n:,}: {total / 1e3:.2f} ms per "
+        f"rank and call in all")
+  print("| stage | ms per rank | share |\n|---|---:|---:|")
+  for stage, us in coarse(rows):
+    print(f"| {stage} | {us / 1e3:.3f} | {us / total:.1%} |")
+  print("\n| instructions of (fused) | module | ms per rank | share |\n|---|---|---:|---:|")
   for stage, module, us in rows:
     print(f"| {stage} | {module} | {us / 1e3:.3f} | {us / total:.1%} |")
   if args.out:
@@ -159,4 +189,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+  import jax
+
+  jax.config.update("jax_num_cpu_devices", 16)  # for --simulated, before any device is used
   sys.exit(main())

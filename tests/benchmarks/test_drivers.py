@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from benchmarks import (convergence, netbench, outer_sync_time, paper_compare, sharded_step,
-                        vgg16_compute)
+from benchmarks import (convergence, floor_cpu, netbench, outer_sync_time, paper_compare,
+                        per_rank, sharded_step, sync_profile, versus, vgg16_compute)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "benchmarks" / "scripts").glob("*.sh"))
@@ -79,6 +79,45 @@ def test_sync_compute_per_rank_on_a_small_model(tmp_path, capsys):
   saved = json.loads(out.read_text())
   assert set(saved["per_rank_s"]) == {"dense", "spardl", "oktopk", "powersgd"}
   assert saved["model"] == "mlp" and all(s > 0 for s in saved["per_rank_s"].values())
+
+
+def test_one_rank_replayed_gives_the_batched_result(tmp_path, capsys):
+  """Rank 0's program with every collective replaced by what it returned in the batched
+  run computes the batched run's result bit for bit, for a one-collective and a
+  six-collective method."""
+  out = tmp_path / "per_rank.json"
+  assert per_rank.main(["--ranks", "4", "--n", "4000", "--methods", "dense,spardl",
+                        "--repeats", "1", "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["rows"]
+  assert [(r["method"], r["collectives"], r["same_result"]) for r in rows] == [
+      ("dense", 1, True), ("spardl", 2 * 2, True)]  # SRS and Bruck: log2 4 rounds each
+  assert all(r["one_rank_s"] > 0 and r["batched_per_rank_s"] > 0 for r in rows)
+
+
+def test_the_profile_charges_spardls_stages(capsys):
+  rows, total = sync_profile.profile("spardl", p=4, n=40_000, calls=1)
+  stages = {stage for stage, _, _ in rows}
+  assert {"spar_reduce_scatter", "scatter_result"} <= stages
+  assert total > 0 and abs(sum(us for *_, us in rows) - total) < 1e-6 * total
+
+
+def test_versus_times_both_versions_of_each_method(capsys):
+  """The library against itself at HEAD (any commit a clone has): each method twice, beside
+  psum."""
+  assert versus.main(["--against", "HEAD", "--devices", "2", "--n", "1e4", "--methods",
+                      "dense,spardl", "--repeats", "1"]) == 0
+  out = capsys.readouterr().out
+  for label in ("psum", "dense (now)", "dense (HEAD)", "spardl (now)", "spardl (HEAD)"):
+    assert f"| {label} |" in out
+
+
+def test_the_cpu_floor_times_its_three_programs(capsys):
+  assert floor_cpu.main(["--devices", "4", "--n", "1e4", "--repeats", "1", "--methods",
+                         "spardl"]) == 0
+  rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+  assert [row.split(" | ")[0] for row in rows[1:]] == [  # after the header
+      "| psum", "| stream x, r in; result, residual out",
+      "| the same + 4 rounds of a 1 % message", "| spardl"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])

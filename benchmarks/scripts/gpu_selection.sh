@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU figures of the selection issue, in one run on one fresh GPU machine (under 8 minutes):
+#   1. the selection alone: SparDL's count, radix (the GPU's default now) and sort methods against
+#      lax.top_k and one dense pass, n = 1.84M, 14.7M, 66M at 1 % and 0.1 % (exactness checked);
+#   2. every method's sync, one rank's program timed alone (collectives replayed from a batched
+#      run, result checked bit for bit) beside the batched emulation over P: n = 14.7M and 66M,
+#      P = 8;
+#   3. SparDL's sync stage by stage (the profile of the emulated ranks), n = 14.7M, P = 8;
+#   4. the compiled sync on the GPU holds no sort and no TopK (the GPU's own lowering).
+# Run from the repository root: bash benchmarks/scripts/gpu_selection.sh OUTDIR. The machine needs
+# jax with CUDA, optax, flax and tqdm; wheels in .whl/ are installed when present (see
+# gpu_check.sh). Each part has its own time limit and writes its results when it ends.
+set -u
+out=${1:?usage: gpu_selection.sh OUTDIR}
+mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
+timeout 120 python3 -m spardl_jax.tools.bench --selection --n 1.84e6,14.7e6,66e6 \
+  --densities 0.01,0.001 --repeats 7 --out "$out/selection" 2>&1 | grep -v '^WARNING' \
+  | tee "$out/selection.log"
+timeout 200 python3 -m benchmarks.per_rank --ranks 8 --n 14.7e6,66e6 \
+  --methods dense,dense_bf16,spardl,spardl:wire=exact,oktopk,topka,topkdsa --repeats 7 \
+  --out "$out/per_rank.json" 2>&1 | grep -v '^WARNING' | tee "$out/per_rank.log"
+timeout 60 python3 -m benchmarks.sync_profile --ranks 8 --n 14.7e6 --calls 5 \
+  --out "$out/profile.json" 2>&1 | grep -v '^WARNING' | tee "$out/profile.log"
+timeout 60 python3 - <<'EOF' 2>&1 | grep -v '^WARNING' | tee "$out/hlo.log"
+import jax, jax.numpy as jnp
+from spardl_jax.core import topk
+from spardl_jax.sync import methods
+p, n = 8, 14_700_000
+for spec in ("spardl", "spardl:wire=exact"):
+  name, options = methods.parse(spec, density=0.01)
+  m = methods.make(name, **options)
+  state = jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)),
+                       m.init(n=n, dtype=jnp.float32, p=p))
+  fn = jax.jit(jax.vmap(lambda x, s: m.apply(x, s, axis_name="data"), axis_name="data"))
+  text = fn.lower(jax.ShapeDtypeStruct((p, n), jnp.float32), state).compile().as_text()
+  print(spec, "default method:", topk.default_method(), "sorts:", text.count(" sort("),
+        "TopK:", text.count('custom_call_target="TopK"'), "while loops:", text.count(" while("))
+EOF

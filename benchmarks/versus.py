@@ -1,0 +1,108 @@
+"""Every method's sync now against the same sync at an earlier commit, interleaved in one run.
+
+python -m benchmarks.versus --against d02de91 --devices 8 --n 14.7e6 --methods spardl,oktopk
+
+Timings on this 2-core machine swing by up to 2x between runs, so a change is judged against
+its past in one process: the library at ``--against`` is extracted (``git archive``) into a
+temporary folder as a package of another name, both versions' syncs of every method are
+compiled on the same ``--devices`` simulated CPU devices, and ``--repeats`` rounds call each
+of them once in turn (state fed back, as in training), beside a raw ``psum`` of the same
+vector. It prints the median seconds per sync of each, and its ratio to ``psum``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+_OLD = "spardl_then"  # the earlier library's package name in the run
+
+
+def extract(commit: str, folder: str) -> None:
+  """``spardl_jax`` at ``commit``, as the package :data:`_OLD` under ``folder``."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  archive = subprocess.run(["git", "archive", commit, "spardl_jax"], check=True,
+                           capture_output=True, cwd=root).stdout
+  with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+    for member in tar.getmembers():
+      if not member.isfile():
+        continue
+      text = tar.extractfile(member).read().decode().replace("spardl_jax", _OLD)
+      path = os.path.join(folder, member.name.replace("spardl_jax", _OLD, 1))
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "w") as f:
+        f.write(text)
+
+
+def run(args) -> list[tuple[str, float]]:
+  import jax
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+
+  from spardl_jax.parallel.rows import shard_rows
+
+  versions = {"now": importlib.import_module("spardl_jax.sync.methods"),
+              args.against: importlib.import_module(f"{_OLD}.sync.methods")}
+  mesh = jax.make_mesh((args.devices,), ("data",), devices=jax.devices()[:args.devices],
+                       axis_types=(jax.sharding.AxisType.Explicit,))
+  x = shard_rows(np.random.default_rng(0).standard_normal(
+      (args.devices, args.n)).astype(np.float32), mesh)
+  psum = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "data"), mesh=mesh,
+                               in_specs=P("data"), out_specs=P("data")))
+  calls = {"psum": [lambda x, state: (psum(x), None), None]}
+  for spec in args.methods.split(","):
+    for label, methods in versions.items():
+      name, options = methods.parse(spec, density=args.density)
+      method = methods.make(name, **options)
+      calls[f"{spec} ({label})"] = [methods.sharded(method, mesh),
+                                    shard_rows(methods.init_rows(method, args.devices, args.n),
+                                               mesh)]
+  times: dict[str, list[float]] = {label: [] for label in calls}
+  for rounds in range(args.repeats + 1):  # the first round compiles and warms up
+    for label, call in calls.items():
+      start = time.perf_counter()
+      _, call[1] = jax.block_until_ready(call[0](x, call[1]))
+      if rounds:
+        times[label].append(time.perf_counter() - start)
+  return [(label, statistics.median(t)) for label, t in times.items()]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.versus", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--against", required=True, help="the earlier commit")
+  parser.add_argument("--devices", type=int, default=8)
+  parser.add_argument("--n", type=lambda v: int(float(v)), default=14_700_000)
+  parser.add_argument("--density", type=float, default=0.01)
+  parser.add_argument("--methods", default="spardl,dense,dense_bf16,topka,topkdsa,gtopk,oktopk")
+  parser.add_argument("--repeats", type=int, default=7)
+  args = parser.parse_args(argv)
+  with tempfile.TemporaryDirectory() as folder:
+    extract(args.against, folder)
+    sys.path.insert(0, folder)
+    try:
+      rows = run(args)
+    finally:
+      sys.path.remove(folder)
+  base = dict(rows)["psum"]
+  print(f"median seconds per sync of {args.repeats}, interleaved; P = {args.devices} simulated "
+        f"devices, n = {args.n:,}, density {args.density}")
+  print("| sync | s | × psum |\n|---|---:|---:|")
+  for label, seconds in rows:
+    print(f"| {label} | {seconds:.3f} | {seconds / base:.2f} |")
+  return 0
+
+
+if __name__ == "__main__":
+  import jax
+
+  jax.config.update("jax_num_cpu_devices", 16)  # simulated CPU devices, before any is used
+  sys.exit(main())
