@@ -32,9 +32,10 @@ QUANTIZED = {"int8": 8, "int4": 4, "int2": 2}
 
 
 def quantized(v, bits):
-  """Each row of ``v`` as ``bits``-bit integers times a power of two ``2^e`` (``e`` in
-  [-126, 127]), rounded half to even and clipped to ``±(2^(bits-1) - 1)``: for int8 and int4
-  the least ``e`` with ``(2^(bits-1) - 1) 2^e >= max |row|``; for int2 the greatest with
+  """Each row of ``v`` as ``bits``-bit integers times a power of two ``2^e`` (``e`` at least
+  -126, and at most the greatest with ``(2^(bits-1) - 1) 2^e`` below float32's largest finite
+  value), rounded half to even and clipped to ``±(2^(bits-1) - 1)``: for int8 and int4 the
+  least ``e`` with ``(2^(bits-1) - 1) 2^e >= max |row|``; for int2 the greatest with
   ``2^e <= max |row|`` (its largest values clip to ``±2^e``)."""
   qmax = 2 ** (bits - 1) - 1
   out = np.zeros_like(v)
@@ -54,7 +55,10 @@ def quantized(v, bits):
         e -= 1
       while qmax * 2.0 ** e < top:
         e += 1
-    e = min(max(e, -126), 127)
+    highest = 127
+    while qmax * 2.0 ** highest > np.finfo(np.float32).max:
+      highest -= 1
+    e = min(max(e, -126), highest)
     out.reshape(-1, v.shape[-1])[i] = np.clip(np.round(row / 2.0 ** e), -qmax, qmax) * 2.0 ** e
   return out
 

@@ -20,7 +20,7 @@ from spardl_jax.core import (bruck, cost, gres, h_controller, messages, protocol
 from spardl_jax.core.config import BlockLayout, SparDLConfig, check_dtype, check_number
 from spardl_jax.core.nonfinite import NonFinite, check_policy, skip_if
 
-__all__ = ['SparDLState', 'bound_axes',
+__all__ = ['SparDLState', 'bound_axes', 'saturated_sum', 'the_rest',
            'axis_size', 'resolve_teams', 'spardl_allreduce', 'BlockFrame', 'block_frame',
            'to_blocks', 'from_blocks', 'own_block_selection', 'gather_team', 'scatter_result',
            'collect_residual', 'SparDLMethod']
@@ -181,7 +181,7 @@ def _stages(x: jax.Array, state: SparDLState, config: SparDLConfig, *, p: int,
   """The paper's stages, in order (Algorithm 1)."""
   frame = block_frame(x.shape[0], config, p=p, itemsize=np.dtype(x.dtype).itemsize,
                       axis_name=axis_name)
-  buf = to_blocks(x + state.residual, frame)
+  buf = to_blocks(saturated_sum(x, state.residual), frame)
   reduced = srs.spar_reduce_scatter(buf, kb=frame.kb, chunk=frame.chunk, rank=frame.rank, p=p,
                                     axis_name=axis_name, wire=frame.wire)
   own_off, own_val, own_err = own_block_selection(reduced.buf, frame)
@@ -194,8 +194,30 @@ def _stages(x: jax.Array, state: SparDLState, config: SparDLConfig, *, p: int,
   if config.residuals == "none":
     return from_blocks(y, frame), SparDLState(jnp.zeros_like(x), controller)
   residual = collect_residual(reduced, agreed, own_err, None if config.residuals == "local"
-                              else in_result, frame)
+                              else in_result, frame, gradient=(x, state.residual),
+                              own_values=own_val)
   return from_blocks(y, frame), SparDLState(from_blocks(residual, frame), controller)
+
+
+def _largest(g: jax.Array, sign: jax.Array) -> jax.Array:
+  return jnp.asarray(jnp.finfo(g.dtype).max, g.dtype) * jnp.sign(sign).astype(g.dtype)
+
+
+def saturated_sum(x: jax.Array, residual: jax.Array) -> jax.Array:
+  """``g = x + residual``, each entry where two finite terms sum beyond the dtype's range
+  held at its largest finite value of their sign: a residual that keeps a wire's rounding
+  error of a value near float32's maximum, plus the same value again. Elementwise, in the
+  pass that adds; :func:`the_rest` is what was held back."""
+  g = x + residual
+  return jnp.where(jnp.isinf(g) & jnp.isfinite(x) & jnp.isfinite(residual), _largest(g, x), g)
+
+
+def the_rest(x: jax.Array, residual: jax.Array) -> jax.Array:
+  """What :func:`saturated_sum` held back of ``x + residual``, entrywise (zero where it held
+  nothing): ``x`` minus the largest finite value, plus ``residual``."""
+  g = x + residual
+  held = jnp.isinf(g) & jnp.isfinite(x) & jnp.isfinite(residual)
+  return jnp.where(held, (x - _largest(g, x)) + residual, jnp.zeros_like(g))
 
 
 class BlockFrame(NamedTuple):
@@ -319,19 +341,38 @@ def scatter_result(offsets: jax.Array, values: jax.Array, frame: BlockFrame, *, 
 
 def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult,
                      own_error: jax.Array | None, in_result: jax.Array | None,
-                     frame: BlockFrame) -> jax.Array:
+                     frame: BlockFrame, *, gradient: tuple[jax.Array, jax.Array],
+                     own_values: jax.Array) -> jax.Array:
   """Residual collection in the flat block buffer: GRES with ``in_result``, LRES without.
 
   ``own_error`` is the rounding error of the worker's own selection, in the order of
   ``agreed.sent``. Under GRES, R-SAG's discarded shares count only where the index made the
-  result (elsewhere the gradient is restored there anyway).
+  result (elsewhere the gradient is restored there anyway). ``gradient`` is ``(x, old
+  residual)``: where their sum was held at the largest finite value (:func:`saturated_sum`,
+  an entry that is then always among the largest of its block, so selected), what was held
+  back stays with the part of the sent value that did not travel, held itself at the largest
+  finite value: the residual never overflows. Reading ``x`` and the old residual at the
+  selected places costs more than the rest of this (they are random reads), so they are read
+  only when this worker selected a value of at least half the largest finite one
+  (``own_values``: its own block's, as sent).
   """
   own = frame.rank[None]
   selected = jnp.concatenate([reduced.selected, frame.positions(own, agreed.sent[None])])
-  errors = None
+  # The rest of a held entry, read where this worker selected (a few kb entries).
+  flat = jnp.minimum(selected // frame.mc * frame.layout.m + selected % frame.mc,
+                     frame.layout.n - 1)
+  valid = (selected < frame.size) & (selected % frame.mc < frame.layout.m)
+  x, old = gradient
+  top = jnp.finfo(reduced.buf.dtype).max
+  rest = jax.lax.cond(
+      jnp.maximum(reduced.peak, jnp.max(jnp.abs(own_values))) >= top / 2,
+      lambda: jnp.where(valid, the_rest(x[flat], old[flat]), 0).astype(reduced.buf.dtype),
+      lambda: jnp.zeros_like(selected, reduced.buf.dtype))
+  errors = rest
   if own_error is not None:
-    errors = own_error if reduced.errors is None else jnp.concatenate([reduced.errors,
-                                                                       own_error])
+    errors = rest + (own_error if reduced.errors is None else
+                     jnp.concatenate([reduced.errors, own_error]))
+  errors = jnp.clip(errors, -top, top)
   residual = gres.collect_residuals(reduced.buf.reshape(-1), in_result, reduced.receipts,
                                     selected, sent_errors=errors)
   if in_result is None:

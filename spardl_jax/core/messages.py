@@ -151,8 +151,14 @@ class Wire:
     else:  # the least exponent with qmax 2^e >= top (low, or low + 1)
       low = e - (qmax.bit_length() - 1) - 1
       e = jnp.where(qmax * _pow2(low) >= top, low, low + 1)
-    e = jnp.clip(e, *_EXPONENTS)
-    q = jnp.clip(jnp.round(v * _pow2(-e)), -qmax, qmax).astype(jnp.int32)
+    # The largest scale whose largest value qmax 2^e is still a finite float32: a block of
+    # values near float32's maximum is sent as qmax 2^e below it (the rest stays in the
+    # sender's residual), never rounded up into inf.
+    highest = int(np.floor(np.log2(float(np.finfo(np.float32).max) / qmax)))
+    e = jnp.clip(e, _EXPONENTS[0], min(_EXPONENTS[1], highest))
+    # ldexp, not a product with 2^-e: for e = 127 that factor is subnormal (the bits
+    # _pow2 builds would read 0 and send a block of float32's largest values as zeros).
+    q = jnp.clip(jnp.round(jnp.ldexp(v, -e)), -qmax, qmax).astype(jnp.int32)
     finite = jnp.isfinite(top)
     return jnp.where(finite, q, 0), jnp.where(finite, e, _NONFINITE).astype(jnp.int16)[..., 0]
 

@@ -43,12 +43,14 @@ class SRSResult(NamedTuple):
       in-procedure residual is 0 there.
     errors: ``((q - 1) * kb,)`` the part of each sent value that did not travel (the
       wire's rounding error, in ``selected``'s order), or None when values travel unchanged.
+    peak: () the largest ``|value|`` this worker sent (0 when it sent nothing).
   """
 
   buf: jax.Array
   receipts: list[Receipt]
   selected: jax.Array
   errors: jax.Array | None
+  peak: jax.Array
 
 
 def flat_positions(rows: jax.Array, offsets: jax.Array, mc: int) -> jax.Array:
@@ -72,10 +74,12 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
   """
   q, mc = buf.shape
   receipts, selected, errors = [], [], []
+  peak = jnp.zeros((), buf.dtype)
   for st in schedule.srs_schedule(q):
     # The rotated frame: position j of this worker is global block (rank + j) mod q.
     bag = (rank + jnp.arange(st.start, st.stop, dtype=jnp.int32)) % q
     offsets, values = topk.block_topk(buf, bag, kb, chunk)
+    peak = jnp.maximum(peak, jnp.max(jnp.abs(values)))
     selected.append(flat_positions(bag, offsets, mc))
     errors.append(wire.rounding_error(values))
     message = jax.lax.ppermute(wire.pack(offsets, values), axis_name,
@@ -94,4 +98,4 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
   sent_errors = jnp.concatenate(kept) if kept else None
   return SRSResult(buf, receipts,
                    jnp.concatenate(selected) if selected else jnp.zeros((0,), jnp.int32),
-                   sent_errors)
+                   sent_errors, peak)
