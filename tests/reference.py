@@ -56,7 +56,7 @@ def quantized(v, bits):
       while qmax * 2.0 ** e < top:
         e += 1
     highest = 127
-    while qmax * 2.0 ** highest > np.finfo(np.float32).max:
+    while qmax * 2.0 ** highest > float(np.finfo(np.float32).max):
       highest -= 1
     e = min(max(e, -126), highest)
     out.reshape(-1, v.shape[-1])[i] = np.clip(np.round(row / 2.0 ** e), -qmax, qmax) * 2.0 ** e
