@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import math
@@ -193,9 +194,8 @@ def run(args) -> int:
                                       else SIMULATED_DEVICES))
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # one logging process
-  from train import data, report
-  from train.train import (check_model_data, check_variant, data_request, make_mesh,
-                           train_and_evaluate)
+  from train import lock
+  from train.train import check_model_data, make_mesh
 
   # Every field of TrainConfig is a flag of the same name (the variants are built above).
   cfg = TrainConfig(variants=variants, **{
@@ -207,6 +207,16 @@ def run(args) -> int:
     raise UsageError(f"--batch-size ({cfg.batch_size}) must be a multiple of the "
                      f"{mesh.size} devices.")
   _check_writable(cfg.out)
+  # One writer per run folder (process 0 writes for a multi-process job).
+  with lock.writer(cfg.out) if jax.process_index() == 0 else contextlib.nullcontext():
+    return _train_variants(args, cfg, variants, mesh)
+
+
+def _train_variants(args, cfg: TrainConfig, variants, mesh) -> int:
+  """Checks every variant, then trains each in turn, writing the results after each."""
+  from train import data, report
+  from train.train import check_variant, data_request, train_and_evaluate
+
   ds = data.load(cfg.dataset, data_request(cfg))
   log.info("%s: %d train / %d test examples; %s on %d %s devices; methods: %s", ds.name,
            len(ds.train), len(ds.test), cfg.model, mesh.size,
