@@ -41,6 +41,10 @@ def _several_cpu_devices(out) -> bool:
   return False
 
 
+def _arrays(tree) -> list:
+  return [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+
+
 def bounded_dispatch(step: Callable[..., Any], *, depth: int = DEPTH) -> Callable[..., Any]:
   """``step`` (a jitted train step), waiting before it returns for the result of the call
   ``depth`` calls back when its outputs span several CPU devices of this process.
@@ -48,7 +52,9 @@ def bounded_dispatch(step: Callable[..., Any], *, depth: int = DEPTH) -> Callabl
   Use it around a train step that runs collectives over simulated CPU devices (tests, CPU
   runs of a multi-device program) when the loop does not wait for each step: XLA:CPU can
   otherwise deadlock and abort the process (see the module docstring). On GPUs, TPUs and
-  one device per process it returns the outputs untouched and waits for nothing.
+  one device per process it returns the outputs untouched and waits for nothing. A step
+  that returns nothing (a Flax NNX step that updates its model and optimizer in place) is
+  guarded by the arrays its arguments hold after the call; one with neither is refused.
 
   Example (a step whose collective spans 8 simulated CPU devices):
 
@@ -79,12 +85,20 @@ def bounded_dispatch(step: Callable[..., Any], *, depth: int = DEPTH) -> Callabl
 
   @functools.wraps(step)
   def bounded(*args, **kwargs):
+    given = {id(x) for x in _arrays((args, kwargs))}
     out = step(*args, **kwargs)
+    # What the step made: its outputs, or, for a step that returns nothing and updates the
+    # objects it was given (a Flax NNX train step), the new arrays those hold now.
+    made = _arrays(out) or [x for x in _arrays((args, kwargs)) if id(x) not in given]
     if not hazard:
-      hazard.append(_several_cpu_devices(out))
-    if hazard[0]:  # the smallest output: all of a program's outputs are ready together
-      in_flight.append(min((x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)),
-                           key=lambda x: x.size))
+      if not made:
+        raise ValueError(
+            f"bounded_dispatch: {getattr(step, '__name__', 'the step')} returned no array "
+            f"and its arguments hold none, so there is nothing to wait for; return "
+            f"something the step computes (its loss, say).")
+      hazard.append(_several_cpu_devices(made))
+    if hazard[0]:  # the smallest: all of a program's outputs are ready together
+      in_flight.append(min(made, key=lambda x: x.size))
       while len(in_flight) > depth:
         jax.block_until_ready(in_flight.popleft())
     return out

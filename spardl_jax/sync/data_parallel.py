@@ -162,6 +162,22 @@ def sync_state_filter(opt_state, *, prefix: tuple = ("opt_state",)):
   return per_device
 
 
+def _named_data_axis(error: ValueError, data: tuple[str, ...]) -> ValueError:
+  """The one-line rule where the model's code names a data axis in a sharding: inside the
+  step those axes are manual (each data shard runs alone), and JAX refuses such a spec from
+  deep inside the model (when tracing it, or when lowering the step); ``error`` itself
+  otherwise."""
+  text = str(error)
+  named = [a for a in data if f"'{a}'" in text]
+  if not named or "anual" not in text:  # "manual" / "Manual": what the data axes are
+    return error
+  return ValueError(
+      f"data_parallel_step: loss_fn names the data axis {named[0]!r} in a sharding "
+      f"(with_sharding_constraint, out_sharding, a Flax sharding rule); inside the step each "
+      f"data shard runs alone, so name only the mesh's other axes there, e.g. "
+      f"P(None, 'model') for P({named[0]!r}, 'model'). JAX said: {text.splitlines()[0]}")
+
+
 def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *,
                        axis_name: str = "data", local_axis: str | None = None,
                        has_aux: bool = False):
@@ -252,9 +268,15 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
       return None
     return tuple(leaf_specs(params))
 
-  def step(params, opt_state, *batch):
-    return jitted(params, opt_state, shown(params), *batch)
+  def call(method, params, opt_state, *batch):
+    try:
+      return method(params, opt_state, shown(params), *batch)
+    except ValueError as error:
+      rule = _named_data_axis(error, data)
+      if rule is error:
+        raise
+      raise rule from None
 
-  step.lower = lambda params, opt_state, *batch: jitted.lower(  # type: ignore[attr-defined]
-      params, opt_state, shown(params), *batch)  # as a jitted function has, for the HLO
+  step = functools.partial(call, jitted)
+  step.lower = functools.partial(call, jitted.lower)  # type: ignore[attr-defined]  # for the HLO
   return step

@@ -25,10 +25,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from spardl_jax.core import protocol
 from spardl_jax.core.protocol import MEAN, PER_REPLICA, REPLICATED, Field
 from spardl_jax.core.config import check_number
+from spardl_jax.sync.placement import ParamLayout, state_specs
+from spardl_jax.sync.specs import leaf_specs
 from spardl_jax.sync.state import SyncState, states_in
 
 __all__ = ['DiLoCoState', 'diloco', 'find_outer', 'replica_params']
@@ -135,8 +138,9 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
 
     offset = jax.tree.map(lambda p: jnp.zeros((lead, *jnp.shape(p)), jnp.result_type(p)),
                           params)
-    return DiLoCoState(jnp.zeros((), jnp.int32), offset, jax.tree.map(per_device, inner_state),
-                       sync_state, outer.init(params))
+    state = DiLoCoState(jnp.zeros((), jnp.int32), offset,
+                        jax.tree.map(per_device, inner_state), sync_state, outer.init(params))
+    return state if lead == 1 else _placed_like_the_sync(state, params)
 
   def update_fn(grads, state, params=None, **extra_args):
     if not isinstance(state, DiLoCoState):
@@ -176,6 +180,28 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
                                outer_state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _placed_like_the_sync(state: DiLoCoState, params) -> DiLoCoState:
+  """Outside ``shard_map`` (``tx.init`` under ``jax.set_mesh``, as Linen's
+  ``TrainState.create`` calls it): the sync already built its rows on their devices; the
+  replicas' offsets and inner state, made here as one array, go on the data axis the same
+  way (each replica its row), the rest as the state types declare
+  (:mod:`spardl_jax.sync.placement`). Where the sync's rows show no layout (traced on
+  ``Auto`` axes) the compiler places them."""
+  rows = state.sync.count
+  sharding = getattr(rows, "sharding", None)
+  if not isinstance(sharding, NamedSharding):
+    sharding = getattr(jax.typeof(rows), "sharding", None)
+  if not isinstance(sharding, NamedSharding) or not sharding.spec or sharding.spec[0] is None:
+    return state
+  leaves = jax.tree.leaves(params)
+  layout = ParamLayout(jax.tree.structure(params), tuple(leaf_specs(params)),
+                       tuple(tuple(jnp.shape(x)) for x in leaves))
+  specs = state_specs(state, PartitionSpec(sharding.spec[0]), layout)
+  return jax.device_put(state, jax.tree.map(
+      lambda spec: NamedSharding(sharding.mesh, spec), specs,
+      is_leaf=lambda x: isinstance(x, PartitionSpec)))
 
 
 def replica_params(opt_state, params):

@@ -98,7 +98,9 @@ def states_in(tree, cls: type) -> list:
 
 
 def sync_stats(opt_state) -> SyncStats:
-  """The :class:`SyncStats` inside an optimizer state (e.g. of an ``optax.chain``).
+  """The :class:`SyncStats` inside an optimizer state (e.g. of an ``optax.chain``), each
+  field a plain array (a Flax NNX optimizer's state holds each leaf in a variable: its
+  value is returned).
 
   Raises:
     ValueError: if the state holds no or several :class:`SyncState`.
@@ -107,7 +109,7 @@ def sync_stats(opt_state) -> SyncStats:
   if len(found) != 1:
     raise ValueError(f"sync_stats: expected one SyncState in the optimizer state, found "
                      f"{len(found)}.")
-  return found[0].stats
+  return SyncStats(*(jax.tree.leaves(field)[0] for field in found[0].stats))
 
 
 def _multisteps_fields(state: optax.MultiStepsState, rows: PartitionSpec | None):

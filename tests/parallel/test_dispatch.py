@@ -37,6 +37,33 @@ def test_at_most_depth_steps_are_in_flight(depth):
   assert jax.block_until_ready(x).shape == (8, 64)
 
 
+def test_a_step_that_returns_nothing_is_guarded_by_what_it_updates():
+  """A step that updates the objects it is given and returns nothing (a Flax NNX train
+  step): the new arrays they hold count as its outputs; a step with no array at all to wait
+  for is refused at its first call."""
+  f, x = psum_step(8)
+
+  class Holder:  # a pytree of one array, replaced by each step, as an NNX module's are
+    def __init__(self, value):
+      self.value = value
+
+  jax.tree_util.register_pytree_node(Holder, lambda h: ((h.value,), None),
+                                     lambda _, children: Holder(children[0]))
+  holder = Holder(x)
+
+  def update(h):
+    h.value = f(h.value)
+
+  step = sj.bounded_dispatch(update, depth=2)
+  made = []
+  for _ in range(20):
+    step(holder)
+    made.append(holder.value)
+    assert sum(not out.is_ready() for out in made) <= 2
+  with pytest.raises(ValueError, match="returned no array and its arguments hold none"):
+    sj.bounded_dispatch(lambda: None)()
+
+
 def test_one_device_waits_for_nothing():
   f, x = psum_step(1)
   assert not sj.parallel.dispatch._several_cpu_devices(f(x))
