@@ -3,9 +3,9 @@
 Two trainers writing the same ``--out`` would race on its metrics and on Orbax's checkpoint
 folders (the second one died in a save with a traceback and left a temporary folder, and
 ``max_to_keep`` deletions of one could remove the other's). The first to start holds an
-exclusive ``flock`` on the lock file for its whole run; a second one is refused before any
-work, with the first one's process, host and start time. The kernel releases the lock when
-its holder ends, however it ends, so a killed run never blocks the next one.
+exclusive ``flock`` on the lock file for its whole run; a second one is refused before it
+trains or writes, with the first one's process, host and start time. The kernel releases the
+lock when its holder ends, however it ends, so a killed run never blocks the next one.
 """
 
 from __future__ import annotations

@@ -194,7 +194,6 @@ def run(args) -> int:
                                       else SIMULATED_DEVICES))
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # one logging process
-  from train import lock
   from train.train import check_model_data, make_mesh
 
   # Every field of TrainConfig is a flag of the same name (the variants are built above).
@@ -207,15 +206,13 @@ def run(args) -> int:
     raise UsageError(f"--batch-size ({cfg.batch_size}) must be a multiple of the "
                      f"{mesh.size} devices.")
   _check_writable(cfg.out)
-  # One writer per run folder (process 0 writes for a multi-process job).
-  with lock.writer(cfg.out) if jax.process_index() == 0 else contextlib.nullcontext():
-    return _train_variants(args, cfg, variants, mesh)
+  return _train_variants(args, cfg, variants, mesh)
 
 
 def _train_variants(args, cfg: TrainConfig, variants, mesh) -> int:
-  """Checks every variant, then trains each in turn, writing the results after each."""
-  from train import data, report
-  from train.train import check_variant, data_request, train_and_evaluate
+  """Loads the data and checks every variant, then trains them under the run folder's lock."""
+  from train import data, lock
+  from train.train import check_variant, data_request
 
   ds = data.load(cfg.dataset, data_request(cfg))
   log.info("%s: %d train / %d test examples; %s on %d %s devices; methods: %s", ds.name,
@@ -238,6 +235,17 @@ def _train_variants(args, cfg: TrainConfig, variants, mesh) -> int:
     except (ValueError, TypeError) as error:
       flag = "--method" if args.method else "--compare"
       raise UsageError(f"{flag} {variant.label!r}: {error}") from None
+  # One writer per run folder (process 0 writes for a multi-process job), taken once every
+  # flag is known good so that a refused command leaves nothing behind.
+  with lock.writer(cfg.out) if jax.process_index() == 0 else contextlib.nullcontext():
+    return _train_each(args, cfg, variants, ds, mesh, ckpts)
+
+
+def _train_each(args, cfg: TrainConfig, variants, ds, mesh, ckpts) -> int:
+  """Trains each variant in turn, writing the results after each."""
+  from train import report
+  from train.train import train_and_evaluate
+
   results = []
   for variant in variants:
     result = train_and_evaluate(cfg, variant, ds, mesh, progress=not args.no_progress,

@@ -75,6 +75,9 @@ def simulate_devices(devices: int) -> None:
     pass
 
 
+MODEL_AXIS = "model"  # the --mesh axis the trainer shards parameters over
+
+
 def make_mesh(devices: int | None = None, axis_name: str = "data", *,
               axes: tuple[tuple[str, int], ...] = ()) -> jax.sharding.Mesh:
   """A 1-D mesh over the first ``devices`` devices of the default backend (all of them,
@@ -87,6 +90,10 @@ def make_mesh(devices: int | None = None, axis_name: str = "data", *,
     total = math.prod(sizes)
     if axis_name not in names:
       raise ValueError(f"--mesh must have the data axis {axis_name!r}, got axes {names}.")
+    unknown = [n for n in names if n not in (axis_name, MODEL_AXIS)]
+    if unknown:  # the trainer gives no other axis a meaning: it would shard as model does
+      raise ValueError(f"--mesh knows the axes {axis_name!r} (the batch) and {MODEL_AXIS!r} "
+                       f"(parameters sharded FSDP-style); got {unknown[0]!r}.")
     if devices is not None and devices != total:
       raise ValueError(f"--devices {devices} and --mesh ({total} devices) disagree; give one.")
     if total > len(available):

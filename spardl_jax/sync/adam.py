@@ -51,9 +51,11 @@ def scale_by_frozen_adam(*, freeze_step: int, b1: float = 0.9, b2: float = 0.999
 
   An update that is zero everywhere (what a sync returns for a step it skipped, see
   ``nonfinite='skip'``) does not train ``nu``: ``nu`` and its bias-correction count stay
-  as they were, so the frozen ``nu`` is exactly the one of the warm-up without that step
-  (decaying it as Adam does would shrink the frozen value for the rest of the run: to about
-  0.7x after one skip in a 3-step warm-up).
+  as they were (decaying it as Adam does would shrink the frozen value for the rest of the
+  run: to about 0.7x after one skip in a 3-step warm-up). The skipped step still counts
+  towards ``freeze_step``, as it counts towards the sync's ``warmup_steps``, so the freeze
+  stays where the sync turns sparse: the frozen ``nu`` is that of the warm-up's other
+  updates alone.
 
   Args:
     freeze_step: updates that train ``nu`` (an int >= 1; the sync's dense warm-up).

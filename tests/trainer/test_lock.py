@@ -1,5 +1,5 @@
-"""One writer per run folder: a second trainer on the same --out is refused before any work,
-naming the first; a killed writer leaves nothing that blocks the next one."""
+"""One writer per run folder: a second trainer on the same --out is refused before it trains
+or writes, naming the first; a killed writer leaves nothing that blocks the next one."""
 
 import os
 import signal

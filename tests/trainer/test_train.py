@@ -335,6 +335,9 @@ def test_redistribution_rules():
     (["--mesh", "model=8"], "--mesh must have the data axis 'data', got axes ('model',)"),
     (["--mesh", "data=4,data=2"], "the axis 'data' is given twice"),
     (["--mesh", "data=four"], "give the mesh as axis=size pairs, e.g. data=4,model=2"),
+    (["--mesh", "data=4,expert=2"],
+     "--mesh knows the axes 'data' (the batch) and 'model' (parameters sharded FSDP-style); "
+     "got 'expert'"),
     (["--mesh", "data=2,model=2"], "--devices 8 and --mesh (4 devices) disagree; give one"),
     (["--mesh", "data=4,model=2", "--compare", "dense,powersgd"],
      "'powersgd' compresses each parameter as a matrix, but some parameters are replicated"),
