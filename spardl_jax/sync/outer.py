@@ -20,6 +20,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -37,6 +38,16 @@ from spardl_jax.sync.state import SyncState, states_in
 __all__ = ['DiLoCoState', 'diloco', 'find_outer', 'replica_params']
 
 
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Period:
+  """The ``every`` a :class:`DiLoCoState` was built for: part of its pytree structure (no
+  array), so a step of another period refuses it (its count would end the rounds at other
+  steps). Nothing is stored in a checkpoint for it."""
+
+  every: int
+
+
 @protocol.layout(count=Field(REPLICATED), offset=Field(PER_REPLICA, MEAN),
                  inner=Field(PER_REPLICA, MEAN))
 class DiLoCoState(NamedTuple):
@@ -52,6 +63,7 @@ class DiLoCoState(NamedTuple):
     sync: the sync's :class:`~spardl_jax.SyncState` (its residual is the error feedback of
       the pseudo-gradient).
     outer: the outer optimizer's state (the same on every device).
+    period: the :class:`Period` the state was built for (no array).
   """
 
   count: jax.Array  # type: ignore[assignment]  # a field named count shadows tuple.count
@@ -59,11 +71,13 @@ class DiLoCoState(NamedTuple):
   inner: Any
   sync: Any
   outer: Any
+  period: Period
 
 
 def _check(every, inner, sync, outer) -> None:
-  check_number("diloco", "every (inner steps per outer step)", every, "a positive int",
-               integral=True, accept=lambda e: e >= 1)
+  # The step count is an int32 on the device.
+  check_number("diloco", "every (inner steps per outer step)", every,
+               "an int in [1, 2**31 - 1]", integral=True, accept=lambda e: 1 <= e < 2**31)
   for name, tx in (("inner", inner), ("sync", sync), ("outer", outer)):
     if not isinstance(tx, optax.GradientTransformation):
       raise TypeError(f"diloco: {name} must be an optax.GradientTransformation, got "
@@ -139,13 +153,17 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
     offset = jax.tree.map(lambda p: jnp.zeros((lead, *jnp.shape(p)), jnp.result_type(p)),
                           params)
     state = DiLoCoState(jnp.zeros((), jnp.int32), offset,
-                        jax.tree.map(per_device, inner_state), sync_state, outer.init(params))
+                        jax.tree.map(per_device, inner_state), sync_state, outer.init(params),
+                        Period(every))
     return state if lead == 1 else _placed_like_the_sync(state, params)
 
   def update_fn(grads, state, params=None, **extra_args):
     if not isinstance(state, DiLoCoState):
       raise TypeError(f"diloco: state must be the DiLoCoState from init, got "
                       f"{type(state).__name__}.")
+    if state.period != Period(every):
+      raise ValueError(f"diloco: the state was built for every={state.period.every}, this "
+                       f"step has every={every}; init with the same diloco.")
     if params is None:
       raise ValueError("diloco: update needs params (the global parameters): "
                        "tx.update(grads, state, params).")
@@ -177,7 +195,7 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
         last, outer_step, inner_step, offset, state.sync, state.outer)
     return update, DiLoCoState(state.count + 1, jax.tree.map(lambda a: a[None], offset),
                                jax.tree.map(lambda a: a[None], new_inner), sync_state,
-                               outer_state)
+                               outer_state, state.period)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

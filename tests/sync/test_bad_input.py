@@ -54,6 +54,16 @@ def other_structure_same_size():
               sj.opt_state_specs(tx, initialized, harness.mesh(2)))
 
 
+def other_structure_another_transformation():
+  """The state of one instance fed to another of the same options: the state, not the
+  instance, says which leaves it was built for."""
+  initialized = {"x": jnp.zeros(20), "y": jnp.zeros(30)}
+  built_by = sj.spardl(density=0.5)
+  update_with(sj.spardl(density=0.5), {"a": jnp.zeros(30), "b": jnp.zeros(20)},
+              sj.init_opt_state(built_by, initialized, harness.mesh(2)),
+              sj.opt_state_specs(built_by, initialized, harness.mesh(2)))
+
+
 def wrapped():
   return optax.apply_if_finite(optax.chain(sj.spardl(density=0.5), optax.sgd(0.1)), 3)
 
@@ -87,6 +97,9 @@ ROWS = [
     ("a dense method's state fed to SparDL", dense_state_to_spardl,
      r"the state does not fit 'spardl' for 10 float entries"),
     ("gradients of another structure, same size", other_structure_same_size,
+     r"float leaves have the shapes \(\(30,\), \(20,\)\), but the state was built for "
+     r"\(\(20,\), \(30,\)\)"),
+    ("another transformation's state, other structure", other_structure_another_transformation,
      r"float leaves have the shapes \(\(30,\), \(20,\)\), but the state was built for "
      r"\(\(20,\), \(30,\)\)"),
     ("apply_if_finite: init_opt_state",

@@ -175,8 +175,9 @@ def test_state_layout_and_fold_rules():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"every": 0}, "every .* must be a positive int, got 0"),
-    ({"every": 2.5}, "every .* must be a positive int"),
+    ({"every": 0}, r"every .* must be an int in \[1, 2\*\*31 - 1\], got 0"),
+    ({"every": 2.5}, r"every .* must be an int in \[1, 2\*\*31 - 1\]"),
+    ({"every": 2**31}, r"every .* must be an int in \[1, 2\*\*31 - 1\], got 2147483648"),
     ({"every": 3, "outer": "sgd"}, "outer must be an optax.GradientTransformation"),
 ])
 def test_bad_options_are_named(kwargs, match):
@@ -197,6 +198,16 @@ def test_a_sync_in_the_wrong_place_is_refused():
     tx = sj.diloco(optax.sgd(0.1), sj.spardl(axis_size=2), every=2)
     state = tx.init(params)
     tx.update(params, state)
+
+
+def test_a_state_of_another_period_is_refused():
+  """Its count would end the rounds at other steps than the ones it was begun for."""
+  sync = sj.spardl(density=0.5, axis_size=2)
+  params = jnp.zeros((N,))
+  state = sj.diloco(optax.sgd(0.1), sync, every=3).init(params)
+  with pytest.raises(ValueError, match="the state was built for every=3, this step has "
+                                       "every=5; init with the same diloco"):
+    sj.diloco(optax.sgd(0.1), sync, every=5).update(params, state, params)
 
 
 def test_a_nonfinite_gradient_skips_only_that_replicas_inner_step():
