@@ -48,14 +48,15 @@ class LeafGroup(NamedTuple):
 
 
 def free_axes(axis_name: str) -> tuple[str, ...]:
-  """Inside a ``shard_map`` that binds ``axis_name``: the mesh axes of size > 1 it left to
-  the compiler (a partial-auto ``shard_map``), over which the sync opens one of its own to
-  work on local shards; empty otherwise."""
+  """Inside a ``shard_map`` that binds ``axis_name``: the mesh axes it left to the compiler
+  (a partial-auto ``shard_map``), over which the sync opens one of its own to work on local
+  shards; empty otherwise. Axes of size 1 count: a leaf typed as sharded over an ``Explicit``
+  one cannot be reshaped into the flat vector outside such a ``shard_map``."""
   mesh = jax.sharding.get_abstract_mesh()
   manual = set(getattr(mesh, "manual_axes", ()))
   if axis_name not in manual:
     return ()
-  return tuple(a for a in mesh.axis_names if a not in manual and mesh.shape[a] > 1)
+  return tuple(a for a in mesh.axis_names if a not in manual)
 
 
 def columns(data_axes: tuple[str, ...]) -> dict[str, int]:
