@@ -28,7 +28,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 __all__ = ['use_param_specs', 'context_specs', 'check_axis', 'axes_of', 'leaf_specs',
-           'specs_shown', 'check_leaf_specs', 'local_shape', 'restrict']
+           'check_same_specs', 'specs_shown', 'check_leaf_specs', 'local_shape', 'restrict']
 
 _CONTEXT: contextvars.ContextVar = contextvars.ContextVar("spardl_jax.use_param_specs",
                                                           default=None)
@@ -97,24 +97,75 @@ def leaf_specs(tree, param_specs=None) -> list[PartitionSpec]:
   """One ``PartitionSpec`` per leaf of ``tree``: from ``param_specs`` (a pytree of specs of
   ``tree``'s structure, ``None`` for replicated) when given, else the leaf's own sharding (a
   concrete array's ``NamedSharding``, a ``jax.ShapeDtypeStruct``'s, or its type's under
-  ``Explicit`` mesh axes), else replicated."""
+  ``Explicit`` mesh axes), else replicated. Given specs that disagree with a layout a leaf
+  shows by itself are refused (the sync would cut each device's vector from shards it
+  does not hold)."""
   leaves = jax.tree.leaves(tree)
-  if param_specs is not None:
-    specs = jax.tree.leaves(param_specs, is_leaf=_is_spec)
-    if len(specs) != len(leaves):
-      raise ValueError(f"param_specs has {len(specs)} entries, but the parameters have "
-                       f"{len(leaves)} leaves; give one PartitionSpec (or None) per leaf.")
-    return [PartitionSpec() if s is None else s for s in specs]
-  out = []
-  for x in leaves:
-    sharding = getattr(x, "sharding", None)
-    if not isinstance(sharding, NamedSharding):
-      try:
-        sharding = jax.typeof(x).sharding
-      except (TypeError, AttributeError):  # a Python scalar or an unsharded stand-in
-        sharding = None
-    out.append(sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec())
-  return out
+  if param_specs is None:
+    return [PartitionSpec() if own is None else own.spec
+            for own, _ in map(_own_layout, leaves)]
+  specs = [PartitionSpec() if s is None else s
+           for s in jax.tree.leaves(param_specs, is_leaf=_is_spec)]
+  if len(specs) != len(leaves):
+    raise ValueError(f"param_specs has {len(specs)} entries, but the parameters have "
+                     f"{len(leaves)} leaves; give one PartitionSpec (or None) per leaf.")
+  paths = [jax.tree_util.keystr(path) or "params"
+           for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  for path, x, spec in zip(paths, leaves, specs):
+    own, shown = _own_layout(x)
+    if own is not None and _over(spec, shown) != _over(own.spec, shown):
+      raise ValueError(
+          f"param_specs gives parameter {path} the layout {spec}, but it is sharded "
+          f"{own.spec}; give the specs the arrays have, or leave param_specs out where the "
+          f"arrays show their layout (placed arrays, Explicit mesh axes).")
+  return specs
+
+
+def check_same_specs(own, door, door_name: str, who: str) -> None:
+  """A clear error where the transformation's own ``param_specs`` and those a door brings
+  (``door_name`` says which) give a parameter different layouts over the mesh's axes of
+  size > 1."""
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = {a for a in mesh.axis_names if mesh.shape[a] > 1} if mesh.axis_names else None
+  flat = jax.tree_util.tree_flatten_with_path(own, is_leaf=_is_spec)[0]
+  theirs = jax.tree.leaves(door, is_leaf=_is_spec)
+  if len(theirs) != len(flat):
+    return  # leaf_specs names the count that does not fit the parameters
+  for (path, mine), other in zip(flat, theirs):
+    if _over(mine, axes) != _over(other, axes):
+      raise ValueError(
+          f"{who}: param_specs of the transformation gives parameter "
+          f"{jax.tree_util.keystr(path) or 'params'} the layout {mine or PartitionSpec()}, "
+          f"but {door_name} gives {other or PartitionSpec()}; give the specs the arrays "
+          f"have (or drop the transformation's param_specs).")
+
+
+def _own_layout(x) -> tuple[NamedSharding | None, set | None]:
+  """A leaf's own ``NamedSharding`` and the mesh axes it speaks for: every axis for a
+  placed array's or a ``jax.ShapeDtypeStruct``'s, the ``Explicit`` ones for a traced
+  value's type (on ``Auto`` axes a type says replicated, whatever the value is)."""
+  sharding = getattr(x, "sharding", None)
+  if isinstance(sharding, NamedSharding):
+    return sharding, None
+  try:
+    sharding = jax.typeof(x).sharding
+  except (TypeError, AttributeError):  # a Python scalar or an unsharded stand-in
+    return None, None
+  if not isinstance(sharding, NamedSharding):
+    return None, None
+  mesh = sharding.mesh
+  return sharding, {a for a, kind in zip(mesh.axis_names, mesh.axis_types)
+                    if kind == jax.sharding.AxisType.Explicit}
+
+
+def _over(spec, axes) -> tuple:
+  """``spec`` as the mesh axes (of ``axes``; all where None) each dimension is sharded
+  over, trailing unsharded dimensions dropped: two specs of one layout compare equal."""
+  dims = [tuple(a for a in axes_of(entry) if axes is None or a in axes)
+          for entry in (spec or ())]
+  while dims and not dims[-1]:
+    dims.pop()
+  return tuple(dims)
 
 
 def specs_shown(tree, mesh, axes) -> bool:

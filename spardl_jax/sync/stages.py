@@ -38,8 +38,8 @@ from spardl_jax.core.nonfinite import NonFinite
 from spardl_jax.sync import levels
 from spardl_jax.sync.flat_layout import FlatLayout, columns, free_axes
 from spardl_jax.sync.placement import device_spec
-from spardl_jax.sync.specs import (check_leaf_specs, context_specs, leaf_specs, restrict,
-                                   specs_shown)
+from spardl_jax.sync.specs import (check_leaf_specs, check_same_specs, context_specs,
+                                   leaf_specs, restrict, specs_shown)
 from spardl_jax.sync.state import LeafShapes, SyncState, SyncStats
 
 __all__ = ['SyncOptions', 'init', 'update', 'init_local', 'update_local', 'check_state',
@@ -92,10 +92,15 @@ class SyncOptions:
     """Whether a non-finite input reaches the result at every level (no agreement round)."""
     return all(level.allreduce.nonfinite_reaches_result for level in self.levels)
 
-  def given_specs(self, door):
+  def given_specs(self, door, door_name: str, who: str):
     """The parameters' specs: the transformation's own ``param_specs``, else what came
-    through ``door`` (``tx.update``'s extra argument, or ``use_param_specs`` for init)."""
-    return self.param_specs if self.param_specs is not None else door
+    through ``door`` (``tx.update``'s extra argument, or ``use_param_specs`` for init);
+    where both came, they must agree."""
+    if self.param_specs is None:
+      return door
+    if door is not None:
+      check_same_specs(self.param_specs, door, door_name, who)
+    return self.param_specs
 
 
 class Trace(NamedTuple):
@@ -232,7 +237,7 @@ def check_state(options: SyncOptions, state, trace: Trace):
   if state.leaves != trace.leaves:
     raise ValueError(f"sync_gradients: the gradients' float leaves have the shapes "
                      f"{trace.leaves.shapes}, but the state was built for "
-                     f"{state.leaves.shapes}; init with the same params.")
+                     f"{state.leaves.shapes}; init with the same params (and param_specs).")
   local = jax.tree.map(lambda a: a[0], state.method_state)
   expected = jax.eval_shape(lambda: fresh_state(options, trace.levels, trace.layout.n,
                                                 trace.dtype, trace.p))
@@ -377,7 +382,9 @@ def _local_specs(options: SyncOptions, tree, axes, who: str, given):
 def init(options: SyncOptions, params) -> SyncState:
   """The transformation's ``init``: on local shards wherever it is traced."""
   refuse_apply_if_finite()
-  given = options.given_specs(context_specs())
+  given = options.given_specs(context_specs(), "use_param_specs (init_opt_state and "
+                              "opt_state_specs pass the arrays' layout there)",
+                              "sync_gradients: init")
   axes = free_axes(options.axis_name)  # a partial-auto shard_map's other axes
   mesh = jax.sharding.get_abstract_mesh()
   if (not axes and options.axis_size is None and not bound_axes()
@@ -396,7 +403,8 @@ def init(options: SyncOptions, params) -> SyncState:
 def update(options: SyncOptions, updates, state, param_specs=None):
   """The transformation's ``update`` (``param_specs``: its optax extra argument)."""
   refuse_apply_if_finite()
-  given = options.given_specs(param_specs)
+  given = options.given_specs(param_specs, "tx.update's param_specs (data_parallel_step "
+                              "passes the arrays' layout there)", "sync_gradients: update")
   axes = free_axes(options.axis_name)
   if not axes:
     return update_local(options, updates, state, given=given)

@@ -330,6 +330,56 @@ def test_bad_layouts_are_clear_errors(specs, match):
     sj.opt_state_specs(tx, params, mesh, param_specs=full)
 
 
+# The 4x2 layout with w1 and w2 given each other's specs: every local shard keeps its size.
+SWAPPED = {**MESHES["4x2"][2], "w1": P("model", None), "w2": P(None, "model")}
+DISAGREE = r"param_specs gives parameter \['w1'\] the layout P\('model', None\), but it is sharded"
+
+
+def _init_given_swapped(mesh, specs, params):
+  sj.init_opt_state(sj.spardl(density=0.5), params, mesh, param_specs=SWAPPED)
+
+
+def _transformation_swapped_at_init(mesh, specs, params):
+  sj.init_opt_state(sj.spardl(density=0.5, param_specs=SWAPPED), params, mesh)
+
+
+def _transformation_swapped_in_the_step(mesh, specs, params):
+  state = sj.init_opt_state(optax.chain(sj.spardl(density=0.5), optax.sgd(0.1)), params, mesh)
+  step = sj.data_parallel_step(
+      mlp_loss, optax.chain(sj.spardl(density=0.5, param_specs=SWAPPED), optax.sgd(0.1)), mesh)
+  x = jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, P("data")))
+  step(params, state, x, jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("data"))))
+
+
+def _update_swapped_on_explicit_axes(mesh, specs, params):
+  tx = sj.spardl(density=0.5)
+  state = sj.init_opt_state(tx, params, mesh)
+  state_specs = sj.opt_state_specs(tx, params, mesh, axis_names={"data"})
+  jax.eval_shape(jax.shard_map(lambda g, s: tx.update(g, s, param_specs=SWAPPED),
+                               mesh=mesh, in_specs=(P(), state_specs), out_specs=P(),
+                               axis_names={"data"}, check_vma=False), params, state)
+
+
+@pytest.mark.parametrize("kind, where, match", [
+    (AUTO, _init_given_swapped, DISAGREE),
+    (EXPLICIT, _update_swapped_on_explicit_axes, DISAGREE),
+    (AUTO, _transformation_swapped_at_init,
+     r"sync_gradients: init: param_specs of the transformation gives parameter \['w1'\] the "
+     r"layout P\('model', None\), but use_param_specs .* gives P\(None, 'model'\)"),
+    (EXPLICIT, _transformation_swapped_in_the_step,
+     r"sync_gradients: update: param_specs of the transformation gives parameter \['w1'\] "
+     r"the layout P\('model', None\), but tx.update's param_specs .* gives P\(None, 'model'\)"),
+], ids=["init_opt_state", "update-explicit", "transformation-init", "transformation-step"])
+def test_param_specs_that_disagree_with_the_arrays_are_refused(kind, where, match):
+  """Where the arrays show their layout, specs given beside them must say the same: the
+  local shards keep their sizes here, so nothing else would notice, and each device would
+  cut its vector from shards it does not hold."""
+  mesh = make_mesh("4x2", kind)
+  _, _, specs = MESHES["4x2"]
+  with jax.set_mesh(mesh), pytest.raises(ValueError, match=match):
+    where(mesh, specs, put_params(mesh, specs))
+
+
 def test_unknown_axis_is_a_clear_error():
   mesh = make_mesh("4x2")
   with pytest.raises(ValueError, match=r"opt_state_specs: axis_name='batch' is not an axis of "
