@@ -222,7 +222,11 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
   check_axis(mesh, axis_name, "data_parallel_step")
   data: tuple[str, ...] = (axis_name,)
   if local_axis is not None:
-    check_axis(mesh, local_axis, "data_parallel_step")
+    check_axis(mesh, local_axis, "data_parallel_step", "local_axis")
+    if local_axis == axis_name:
+      raise ValueError(f"data_parallel_step: local_axis must be a mesh axis other than "
+                       f"axis_name={axis_name!r} (a second data axis inside a host), got "
+                       f"{local_axis!r}.")
     data = (axis_name, local_axis)
   if not callable(loss_fn):
     raise TypeError(f"data_parallel_step: loss_fn must be callable, got {type(loss_fn).__name__}.")
@@ -241,7 +245,8 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
                        f"local_axis.")
     at = replica_params(opt_state, params)  # an outer loop's replica; else params
     out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(at, *batch)
-    updates, opt_state = tx.update(grads, opt_state, params, param_specs=param_specs)
+    updates, opt_state = tx.update(grads, opt_state, params, param_specs=param_specs,
+                                   batch_axes=data)
     means = jax.tree.map(lambda a: jax.lax.pmean(a, data) if jnp.issubdtype(
         jnp.asarray(a).dtype, jnp.floating) else a, out)
     return optax.apply_updates(params, updates), opt_state, means

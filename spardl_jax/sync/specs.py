@@ -74,10 +74,10 @@ def context_specs():
   return _CONTEXT.get()
 
 
-def check_axis(mesh, axis_name, who: str) -> None:
-  """A clear error unless ``axis_name`` is an axis of ``mesh``."""
+def check_axis(mesh, axis_name, who: str, name: str = "axis_name") -> None:
+  """A clear error unless ``axis_name`` (the parameter ``name``) is an axis of ``mesh``."""
   if not isinstance(axis_name, str) or axis_name not in mesh.axis_names:
-    raise ValueError(f"{who}: axis_name={axis_name!r} is not an axis of the mesh; its axes "
+    raise ValueError(f"{who}: {name}={axis_name!r} is not an axis of the mesh; its axes "
                      f"are {tuple(mesh.axis_names)}.")
 
 
@@ -188,8 +188,10 @@ def check_leaf_specs(tree, specs, shape: dict, data_axes: tuple[str, ...], who: 
     for dim, entry in enumerate(spec):
       for axis in axes_of(entry):
         if axis in data_axes:
+          what = ("the data axis" if axis == data_axes[0] else
+                  "the local_axis (a second data axis inside a host, not a model axis)")
           raise ValueError(
-              f"{who}: parameter {name} is sharded over the data axis {axis!r} ({spec}); the "
+              f"{who}: parameter {name} is sharded over {what} {axis!r} ({spec}); the "
               f"sync reduces over that axis, so a parameter must be replicated over it and "
               f"may be sharded over the mesh's other axes "
               f"{tuple(a for a in shape if a not in data_axes)} only.")

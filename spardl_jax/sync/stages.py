@@ -400,9 +400,11 @@ def init(options: SyncOptions, params) -> SyncState:
                        check_vma=False)(params)
 
 
-def update(options: SyncOptions, updates, state, param_specs=None):
-  """The transformation's ``update`` (``param_specs``: its optax extra argument)."""
+def update(options: SyncOptions, updates, state, param_specs=None, batch_axes=None):
+  """The transformation's ``update`` (``param_specs`` and ``batch_axes``: its optax extra
+  arguments)."""
   refuse_apply_if_finite()
+  check_batch_axes(options, batch_axes)
   given = options.given_specs(param_specs, "tx.update's param_specs (data_parallel_step "
                               "passes the arrays' layout there)", "sync_gradients: update")
   axes = free_axes(options.axis_name)
@@ -413,6 +415,25 @@ def update(options: SyncOptions, updates, state, param_specs=None):
   return jax.shard_map(functools.partial(update_local, options, specs=specs, given=given),
                        in_specs=(over, rows), out_specs=(over, rows), axis_names=set(axes),
                        check_vma=False)(updates, state)
+
+
+def check_batch_axes(options: SyncOptions, batch_axes) -> None:
+  """The axes a step split its batch over (:func:`spardl_jax.data_parallel_step` says,
+  through ``tx.update``'s extra argument ``batch_axes``) must be the axes the sync reduces
+  over: a step split over a host's ``local_axis`` too, with a sync that does not reduce
+  over it, would average each slice of the vector over part of the batch."""
+  if batch_axes is None or tuple(batch_axes) == options.data_axes:
+    return
+  if len(batch_axes) > len(options.data_axes):
+    raise ValueError(
+        f"sync_gradients: update: the step splits the batch over {tuple(batch_axes)}, but "
+        f"this sync reduces over {options.data_axes} only; build it with "
+        f"local_axis={batch_axes[-1]!r}, or drop the step's local_axis.")
+  raise ValueError(
+      f"sync_gradients: update: this sync reduces over {options.data_axes} "
+      f"(local_axis={options.local_axis!r}), but the step splits the batch over "
+      f"{tuple(batch_axes)}; give the step local_axis={options.local_axis!r} too, or build "
+      f"the sync with the step's axes.")
 
 
 @functools.cache

@@ -116,7 +116,10 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
-    :class:`~spardl_jax.SyncState`; its ``update`` takes the extra argument ``param_specs``.
+    :class:`~spardl_jax.SyncState`; its ``update`` takes the extra arguments ``param_specs``
+    and ``batch_axes`` (the axes the step split the batch over, which
+    :func:`spardl_jax.data_parallel_step` passes; a sync that reduces over other axes is
+    refused).
 
   References:
     Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
@@ -132,9 +135,10 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
   def init_fn(params):
     return stages.init(config, params)
 
-  def update_fn(updates, state, params=None, *, param_specs=None, **extra_args):
+  def update_fn(updates, state, params=None, *, param_specs=None, batch_axes=None,
+                **extra_args):
     del params, extra_args  # other transformations' extra arguments
-    return stages.update(config, updates, state, param_specs)
+    return stages.update(config, updates, state, param_specs, batch_axes)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

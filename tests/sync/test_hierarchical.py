@@ -114,3 +114,50 @@ def test_density_one_equals_the_mean_over_every_device():
 def test_bad_local_axis_is_a_clear_error(kwargs, match):
   with pytest.raises(ValueError, match=match):
     sj.spardl(density=0.1, axis_name="host", **kwargs)
+
+
+def _step_and_sync(step_local, sync_local):
+  """data_parallel_step split over ``("host", step_local)`` with a sync reducing over
+  ``("host", sync_local)`` (None: host alone), one step traced."""
+  m = mesh()
+  tx = optax.chain(sj.spardl(density=0.5, axis_name="host", local_axis=sync_local),
+                   optax.sgd(0.1))
+  params = {"w": jnp.ones((16, 4))}
+  state = sj.init_opt_state(tx, params, m, axis_name="host")
+  step = sj.data_parallel_step(lambda p, x: jnp.mean((x @ p["w"]) ** 2), tx, m,
+                               axis_name="host", local_axis=step_local)
+  with jax.set_mesh(m):
+    step(params, state, jax.device_put(jnp.ones((8, 16)), NamedSharding(m, ROWS)))
+
+
+@pytest.mark.parametrize("step_local, sync_local, match", [
+    # Silent before: each slice of the vector was averaged over one local position's data.
+    ("local", None, r"sync_gradients: update: the step splits the batch over \('host', "
+                    r"'local'\), but this sync reduces over \('host',\) only; build it with "
+                    r"local_axis='local'"),
+    (None, "local", r"this sync reduces over \('host', 'local'\) \(local_axis='local'\), but "
+                    r"the step splits the batch over \('host',\); give the step "
+                    r"local_axis='local' too"),
+    ("host", None, r"data_parallel_step: local_axis must be a mesh axis other than "
+                   r"axis_name='host'"),
+    ("rack", None, r"data_parallel_step: local_axis='rack' is not an axis of the mesh"),
+])
+def test_a_step_and_a_sync_that_disagree_on_the_data_axes_are_refused(step_local, sync_local,
+                                                                       match):
+  with pytest.raises(ValueError, match=match):
+    _step_and_sync(step_local, sync_local)
+
+
+def test_a_model_axis_given_as_local_axis_is_named():
+  m = jax.make_mesh((2, 2, 2), ("host", "local", "model"), devices=jax.devices()[:8],
+                    axis_types=(jax.sharding.AxisType.Explicit,) * 3)
+  tx = optax.chain(sj.spardl(density=0.5, axis_name="host", local_axis="model"), optax.sgd(0.1))
+  params = {"w": jax.device_put(jnp.ones((16, 4)), NamedSharding(m, P(None, "model")))}
+  state = sj.init_opt_state(tx, params, m, axis_name="host")
+  step = sj.data_parallel_step(lambda p, x: jnp.mean((x @ p["w"]) ** 2), tx, m,
+                               axis_name="host", local_axis="model")
+  x = jax.device_put(jnp.ones((8, 16)), NamedSharding(m, P(("host", "model"))))
+  with jax.set_mesh(m), pytest.raises(
+      ValueError, match=r"parameter \['w'\] is sharded over the local_axis \(a second data axis "
+                        r"inside a host, not a model axis\) 'model'"):
+    step(params, state, x)
