@@ -203,8 +203,13 @@ def main(argv=None) -> int:
   parser.add_argument("--out", help="directory for projection.json and projection.png")
   args = parser.parse_args(argv)
   if args.validate:
-    with open(args.validate) as f:
-      data = json.load(f)
+    try:
+      with open(args.validate) as f:
+        data = json.load(f)
+    except OSError as error:
+      parser.error(f"--validate {args.validate!r} cannot be read: {error.strerror or error}")
+    except json.JSONDecodeError as error:
+      parser.error(f"--validate {args.validate!r} is not a results.json: {error}")
     if "rows" in data:  # a time-to-accuracy run: per train step, its own bytes
       data = per_step(data, args.seed)
     try:

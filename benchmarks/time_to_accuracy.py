@@ -46,7 +46,8 @@ from benchmarks import runs
 from benchmarks.cli import FRACTIONS, SEEDS
 from models.registry import SIZES
 from train import report
-from train.config import NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT
+from train.config import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT,
+                          parse_variants)
 
 DEFAULT_METHODS = ("dense,dense_bf16,powersgd:rank=4,powersgd:rank=16,spardl,oktopk,gtopk,topka,"
                    "topkdsa")
@@ -87,6 +88,10 @@ def _parse_args(argv):
   args.rates = [r for r in args.rates.split(",") if r]
   if "dense" not in args.methods:
     p.error(f"--methods must include 'dense' (it sets the target), got {args.methods}")
+  try:  # here, not in each rank's log after the processes started
+    parse_variants(args.methods)
+  except ValueError as error:
+    p.error(str(error).replace("--compare", "--methods", 1))
   if args.local and args.rates != ["unshaped"]:
     p.error(f"--local cannot shape the network: use --rates unshaped, got {args.rates}")
   if os.path.exists(args.out) and not os.path.isdir(args.out):

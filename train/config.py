@@ -10,6 +10,7 @@ from typing import Any, Literal, NamedTuple
 
 from models.registry import Size
 from spardl_jax import methods
+from spardl_jax.core.config import SparDLConfig
 
 
 # Argument types of the command lines (the trainer's, and the benchmarks' that run it).
@@ -172,6 +173,35 @@ def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str)
   method, options = methods.parse(":".join(rest), density=density, teams=teams, sag=sag,
                                   residuals=residuals)
   return Variant(text, method, options, Tuning(**tuning))
+
+
+# The method options --compare's specs leave out: the trainer's --density, --teams, --sag
+# and --residuals default to these.
+OPTION_DEFAULTS: dict[str, Any] = {
+    "density": 0.01, **{f.name: f.default for f in dataclasses.fields(SparDLConfig)
+                        if f.name in ("teams", "sag", "residuals")}}
+
+
+def parse_variants(texts: list[str], **defaults) -> tuple[Variant, ...]:
+  """Every spec of a ``--compare`` list as a :class:`Variant`, each method built once so a
+  bad option fails now, before any training; ``defaults`` override :data:`OPTION_DEFAULTS`.
+  A ValueError names the spec."""
+  if not texts:
+    raise ValueError("--compare needs at least one method, e.g. 'dense,spardl'.")
+  variants = []
+  for text in texts:
+    variant = parse_variant(text, **{**OPTION_DEFAULTS, **defaults})
+    try:
+      methods.make(variant.method, **variant.options)
+    except (ValueError, TypeError) as error:
+      raise ValueError(f"--compare {text!r}: {error}") from None
+    variants.append(variant)
+  labels = [v.label for v in variants]
+  twice = sorted({label for label in labels if labels.count(label) > 1})
+  if twice:
+    raise ValueError(f"--compare lists {', '.join(map(repr, twice))} more than once; each "
+                     f"variant runs once (its results and checkpoints are kept by its spec).")
+  return tuple(variants)
 
 
 # Tuning defaults of the sparse variants, by recipe and optimizer (``--recipe``); lengths in

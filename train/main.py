@@ -15,17 +15,16 @@ import jax
 
 from models import MODELS, describe
 from models.registry import SIZES
-from spardl_jax.core.config import RESIDUAL_MODES, SAG_MODES, SparDLConfig
+from spardl_jax.core.config import RESIDUAL_MODES, SAG_MODES
 from spardl_jax.sync import methods
 from spardl_jax.sync.methods import parse_teams
 from train.config import (LR_SCHEDULES, NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, OPTIMIZERS,
-                          POSITIVE_FLOAT, POSITIVE_INT, RECIPES, TUNING, TrainConfig, parse_mesh,
-                          parse_variant)
+                          OPTION_DEFAULTS, POSITIVE_FLOAT, POSITIVE_INT, RECIPES, TUNING,
+                          TrainConfig, parse_mesh, parse_variants)
 from train.data import DATASETS
 
 log = logging.getLogger("train")
 SIMULATED_DEVICES = 8  # a single CPU process without --devices simulates this many
-SPARDL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SparDLConfig)}
 
 
 class UsageError(ValueError):
@@ -59,12 +58,13 @@ def _parse_args(argv):
                       "method[:key=value...] with the method's options and the tuning keys "
                       f"{', '.join(TUNING)}, e.g. 'dense,spardl,spardl:density=0.001,"
                       "spardl:warmup=31:momentum=0.9' (default: %(default)s)")
-  p.add_argument("--density", type=POSITIVE_FLOAT, default=0.01, help="SparDL density (default 0.01)")
-  p.add_argument("--teams", type=parse_teams, default=SPARDL_DEFAULTS["teams"],
+  p.add_argument("--density", type=POSITIVE_FLOAT, default=OPTION_DEFAULTS["density"],
+                 help="SparDL density (default %(default)s)")
+  p.add_argument("--teams", type=parse_teams, default=OPTION_DEFAULTS["teams"],
                  help="SparDL teams d, or 'auto' for the alpha-beta model's pick (default 1)")
-  p.add_argument("--sag", default=SPARDL_DEFAULTS["sag"], choices=SAG_MODES,
+  p.add_argument("--sag", default=OPTION_DEFAULTS["sag"], choices=SAG_MODES,
                  help="Spar-All-Gather for teams > 1 (default: R-SAG when d is a power of two)")
-  p.add_argument("--residuals", default=SPARDL_DEFAULTS["residuals"], choices=RESIDUAL_MODES)
+  p.add_argument("--residuals", default=OPTION_DEFAULTS["residuals"], choices=RESIDUAL_MODES)
   p.add_argument("--devices", type=POSITIVE_INT, default=d.devices,
                  help="devices on the data axis (default: all devices of the job; in one "
                       "CPU process, 8 simulated devices)")
@@ -136,26 +136,14 @@ def main(argv=None) -> int:
 
 
 def _variants(args) -> tuple:
-  """Every ``--compare`` variant, parsed and built now, so a bad one fails before any
-  training."""
+  """Every ``--compare`` variant (or the one ``--method``), parsed and built now, so a bad
+  one fails before any training."""
   texts = [args.method] if args.method else [t for t in args.compare.split(",") if t]
-  if not texts:
-    raise UsageError("--compare needs at least one method, e.g. 'dense,spardl'.")
-  variants = []
-  for text in texts:
-    variant = parse_variant(text, density=args.density, teams=args.teams, sag=args.sag,
-                            residuals=args.residuals)
-    try:
-      methods.make(variant.method, **variant.options)
-    except (ValueError, TypeError) as error:
-      raise UsageError(f"--compare {text!r}: {error}") from None
-    variants.append(variant)
-  labels = [v.label for v in variants]
-  twice = sorted({label for label in labels if labels.count(label) > 1})
-  if twice:
-    raise UsageError(f"--compare lists {', '.join(map(repr, twice))} more than once; each "
-                     f"variant runs once (its results and checkpoints are kept by its spec).")
-  return tuple(variants)
+  try:
+    return parse_variants(texts, density=args.density, teams=args.teams, sag=args.sag,
+                          residuals=args.residuals)
+  except (ValueError, TypeError) as error:
+    raise UsageError(str(error)) from None
 
 
 def _check_writable(out: str) -> None:

@@ -76,6 +76,9 @@ def test_projection_rows_and_the_paper_scaling():
     (["--compute", "spardl=-1"], "the milliseconds must be >= 0"),
     (["--p", "0,8"], "--p must be >= 1"),
     (["--compute", "nosuch=1"], "the method must be one of"),
+    (["--validate", "/nonexistent/results.json"],
+     "--validate '/nonexistent/results.json' cannot be read: No such file or directory"),
+    (["--validate", __file__], "is not a results.json"),
 ])
 def test_bad_flags(capsys, flags, message):
   with pytest.raises(SystemExit) as exit_:
