@@ -27,7 +27,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import shutil
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -44,9 +47,10 @@ UNREADABLE = "unreadable"  # where restore_latest moves the checkpoints it canno
 
 
 @contextlib.contextmanager
-def _quiet_readers():
+def _quiet_orbax():
   """Orbax, TensorStore and asyncio log a traceback per failed read (about 30 for one corrupt
-  checkpoint); the fallback's one warning says what happened, so they are held back."""
+  checkpoint) and four per failed save (one per background thread); the fallback's one
+  warning, or the save's one error, says what happened, so they are held back."""
   loggers = [logging.getLogger(name) for name in ("absl", "asyncio", "orbax")]
   levels = [logger.level for logger in loggers]
   for logger in loggers:
@@ -61,7 +65,7 @@ def _quiet_readers():
 def manager(directory: str, *, max_to_keep: int = 2) -> ocp.CheckpointManager:
   """A checkpoint manager under ``directory``: each checkpoint holds the train state and a
   JSON record of the run's progress."""
-  with _quiet_readers():  # it reads the step folders, debris included
+  with _quiet_orbax():  # it reads the step folders, debris included
     return ocp.CheckpointManager(
         os.path.abspath(directory),
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep),
@@ -69,8 +73,9 @@ def manager(directory: str, *, max_to_keep: int = 2) -> ocp.CheckpointManager:
                        "progress": ocp.JsonCheckpointHandler()})
 
 
-class CheckpointNotWritten(RuntimeError):
-  """Orbax declined to write a checkpoint (it keeps only steps above its latest)."""
+class CheckpointNotWritten(OSError):
+  """A checkpoint was not written: Orbax declined (it keeps only steps above its latest), or
+  the write failed (a full disk, say)."""
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state, progress) -> None:
@@ -79,16 +84,49 @@ def save(mgr: ocp.CheckpointManager, step: int, state, progress) -> None:
 
   Raises:
     CheckpointNotWritten: Orbax skipped the save (a checkpoint ``>= step`` is already
-      there): it would otherwise return quietly and the step would be lost.
+      there): it would otherwise return quietly and the step would be lost; or the write
+      failed, in one line (Orbax's threads each log a traceback), with the partial folder
+      removed and the checkpoints before it kept.
   """
-  written = mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                   progress=ocp.args.JsonSave(progress)))
-  mgr.wait_until_finished()
+  failure = None
+  with _quiet_orbax():
+    before = set(threading.enumerate())
+    try:
+      written = mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                       progress=ocp.args.JsonSave(progress)))
+      mgr.wait_until_finished()
+    except Exception as error:  # Orbax and TensorStore raise several types for one failure
+      failure = error
+      _drop_late_tensorstore_callbacks()
+      # The first thread's failure ends the wait; Orbax's other threads of this save still
+      # log theirs (about a second later): they are waited for while held back (an Orbax
+      # thread's join raises its failure again).
+      for thread in set(threading.enumerate()) - before:
+        with contextlib.suppress(Exception):
+          thread.join(timeout=30)
+  if failure is not None:
+    for name in os.listdir(mgr.directory):  # its temporary folder holds part of the step
+      if name.startswith(f"{step}.orbax-checkpoint-tmp"):
+        shutil.rmtree(os.path.join(mgr.directory, name), ignore_errors=True)
+    newest = mgr.latest_step()
+    raise CheckpointNotWritten(
+        f"checkpoint {step} could not be written to {mgr.directory}: {_reason(failure)}; "
+        + ("there is no earlier checkpoint." if newest is None else
+           f"the earlier ones are kept (the newest: {newest}).")) from failure
   if not written:
     raise CheckpointNotWritten(
         f"checkpoint {step} was not written to {mgr.directory}: it already holds checkpoints "
         f"up to {mgr.latest_step()}. Resume with the flags that wrote them, or use a fresh "
         f"checkpoint directory.")
+
+
+def _reason(error: Exception) -> str:
+  """The operating system's words for an I/O failure TensorStore reports with its code in
+  a long message; the message's last line otherwise."""
+  if isinstance(error, OSError) and error.strerror:
+    return error.strerror
+  code = re.search(r"os_error_code='(\d+)'", str(error))
+  return os.strerror(int(code.group(1))) if code else str(error).strip().splitlines()[-1]
 
 
 def _name(key) -> str:
@@ -204,7 +242,7 @@ def check_newest(directory: str, run: dict) -> None:
     if step is None:
       return
     try:
-      with _quiet_readers():
+      with _quiet_orbax():
         progress = mgr.restore(step, args=ocp.args.Composite(
             progress=ocp.args.JsonRestore()))["progress"]
     except Exception:  # unreadable: restore_latest sets it aside and tries older ones
@@ -269,14 +307,14 @@ def _rebuild(step: int, like, out: list, changed: dict):
   return jax.tree.unflatten(treedef, out)
 
 
-def _drop_late_reader_callbacks() -> None:
-  """After a failed read, TensorStore finishes the checkpoint's other reads once Orbax has
-  closed the event loop they report to, and each prints ``RuntimeError: Event loop is
-  closed`` through ``sys.unraisablehook`` (10 tracebacks for one truncated checkpoint).
-  This drops exactly those, from the first restore on, and passes everything else to the
-  hook before."""
+def _drop_late_tensorstore_callbacks() -> None:
+  """After a failed read or write, TensorStore finishes the checkpoint's other operations
+  once Orbax has closed the event loop they report to, and each prints ``RuntimeError:
+  Event loop is closed`` through ``sys.unraisablehook`` (10 tracebacks for one truncated
+  checkpoint). This drops exactly those, from the first restore or failed save on, and
+  passes everything else to the hook before."""
   previous = sys.unraisablehook
-  if getattr(previous, "drops_late_reader_callbacks", False):
+  if getattr(previous, "drops_late_tensorstore_callbacks", False):
     return
 
   def hook(unraisable):
@@ -284,7 +322,7 @@ def _drop_late_reader_callbacks() -> None:
     if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
       previous(unraisable)
 
-  hook.drops_late_reader_callbacks = True
+  hook.drops_late_tensorstore_callbacks = True
   sys.unraisablehook = hook
 
 
@@ -327,8 +365,8 @@ def restore_latest(mgr: ocp.CheckpointManager, like) -> tuple[int, object, objec
     CheckpointMismatch: the newest readable checkpoint is of another train state: which
       leaf differs and both shapes are named.
   """
-  _drop_late_reader_callbacks()
-  with _quiet_readers():
+  _drop_late_tensorstore_callbacks()
+  with _quiet_orbax():
     mgr.reload()
     for step in sorted(mgr.all_steps(), reverse=True):
       try:

@@ -128,7 +128,8 @@ def main(argv=None) -> int:
   args = _parse_args(argv)
   try:
     return run(args)
-  except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as error:  # UsageError too
+  # UsageError is a ValueError; a checkpoint or a file that cannot be written an OSError.
+  except (ValueError, TypeError, OSError, ModuleNotFoundError) as error:
     if args.debug:
       raise
     print(f"python -m train: error: {error}", file=sys.stderr)

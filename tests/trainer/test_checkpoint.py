@@ -211,6 +211,39 @@ def test_a_writer_killed_mid_save_leaves_only_whole_checkpoints(tmp_path):
   np.testing.assert_array_equal(np.asarray(state["opt"].residual), float(step))
 
 
+def test_a_save_that_cannot_be_written_is_one_line_and_keeps_the_earlier_ones(tmp_path):
+  """A disk that takes no more (here a file-size limit, which any user may set: the same
+  write failure as a full disk): one line naming the step and the reason, none of the
+  tracebacks Orbax's threads log, no partial folder, and the earlier checkpoint restores."""
+  script = textwrap.dedent(f"""
+      import logging, resource, signal, sys
+      sys.path.insert(0, {REPO!r})
+      import jax
+      jax.config.update("jax_num_cpu_devices", 2)
+      from tests.trainer.test_checkpoint import make_state
+      from train import checkpoint
+      logging.basicConfig()  # as the trainer does: every log line would show
+      mgr = checkpoint.manager({str(tmp_path)!r})
+      checkpoint.save(mgr, 1, make_state(1.0), [])
+      signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead
+      resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))  # no byte more
+      try:
+        checkpoint.save(mgr, 2, make_state(2.0), [])
+      except checkpoint.CheckpointNotWritten as error:
+        print(error, file=sys.stderr)
+      """)
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        env=launch.child_environment(), timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stderr.strip().splitlines() == [
+      f"checkpoint 2 could not be written to {tmp_path}: File too large; the earlier ones "
+      f"are kept (the newest: 1)."], proc.stderr
+  assert sorted(os.listdir(tmp_path)) == ["1"]
+  step, state, _ = restore(tmp_path)
+  assert step == 1
+  np.testing.assert_array_equal(np.asarray(state["params"]), 1.0)
+
+
 def test_a_sharded_run_restores_onto_another_data_axis_size(tmp_path):
   """A (4, 2) mesh's state, parameters sharded over "model", saved after a sparse step and
   restored onto (2, 2): the parameters and momentum keep their values and "model" sharding,
