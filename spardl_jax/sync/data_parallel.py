@@ -274,8 +274,12 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
     return tuple(leaf_specs(params))
 
   def call(method, params, opt_state, *batch):
+    # Traced under its own mesh, in jax.set_mesh or not: a model's constraints written with
+    # bare PartitionSpecs (Flax's sharding rules, the guides) need a mesh in context, and
+    # the trace is the same either way (no second compile).
     try:
-      return method(params, opt_state, shown(params), *batch)
+      with jax.set_mesh(mesh):
+        return method(params, opt_state, shown(params), *batch)
     except ValueError as error:
       rule = _named_data_axis(error, data)
       if rule is error:
