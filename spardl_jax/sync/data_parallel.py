@@ -191,14 +191,20 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
   by the compiler), syncs it with ``tx`` (which holds :func:`spardl_jax.spardl` or another
   sync over ``axis_name``), and applies the update. Only the sync crosses the data axis.
 
+  The mesh's axes may be ``Explicit`` or ``Auto``; the step is traced under ``mesh`` whether
+  it is called inside ``jax.set_mesh`` or not. Inside it each data shard runs alone, so a
+  sharding constraint in ``loss_fn`` names only the mesh's other axes (``P(None, 'model')``
+  for ``P('data', 'model')``; one naming the data axis is refused with this rule).
+
   Args:
     loss_fn: ``loss_fn(params, *batch) -> loss`` (or ``(loss, aux)`` with ``has_aux``), the
       mean loss of the examples it is given.
     tx: the optimizer, a chain with the sync first.
     mesh: the mesh; the batch's leading dimension is sharded over ``axis_name``.
     axis_name: the data axis.
-    local_axis: for a hierarchical sync (``tx`` built with the same ``local_axis``), the
-      second data axis inside a host; the batch is then sharded over both.
+    local_axis: for a hierarchical sync (``tx`` built with the same ``local_axis``, which
+      the step checks), the second data axis inside a host; the batch is then sharded over
+      both.
     has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
 
   Returns:
