@@ -10,6 +10,7 @@ by that one walk.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -282,9 +283,14 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
   def call(method, params, opt_state, *batch):
     # Traced under its own mesh, in jax.set_mesh or not: a model's constraints written with
     # bare PartitionSpecs (Flax's sharding rules, the guides) need a mesh in context, and
-    # the trace is the same either way (no second compile).
+    # the trace is the same either way (no second compile). Inside a jax.jit of the user's
+    # own no mesh can be set; theirs stands.
     try:
-      with jax.set_mesh(mesh):
+      context = jax.set_mesh(mesh)
+    except ValueError:
+      context = contextlib.nullcontext()
+    try:
+      with context:
         return method(params, opt_state, shown(params), *batch)
     except ValueError as error:
       rule = _named_data_axis(error, data)

@@ -258,13 +258,22 @@ def jit_entry_point_training(mesh, specs, params, batches, lr, tx):
   return params, state
 
 
+def jit_of_the_step_training(mesh, specs, params, batches, lr, tx):
+  """sj.data_parallel_step called inside a jax.jit of the user's own."""
+  state = sj.init_opt_state(tx, params, mesh, param_specs=specs)
+  step = jax.jit(sj.data_parallel_step(mlp_loss, tx, mesh))
+  for x, y in batches:
+    params, state, _ = step(params, state, x, y)
+  return params, state
+
+
 # Each style on each kind of axes, and each mesh, once (not every product: suite time).
 @pytest.mark.parametrize("name, kind, style", [
     ("4x2", EXPLICIT, partial_auto_training), ("4x2", AUTO, jit_entry_point_training),
     ("2x2x2", AUTO, partial_auto_training), ("2x2x2", EXPLICIT, jit_entry_point_training),
-    ("8x1", EXPLICIT, jit_entry_point_training)],
+    ("8x1", EXPLICIT, jit_entry_point_training), ("4x2", EXPLICIT, jit_of_the_step_training)],
     ids=["4x2-explicit-partial_auto", "4x2-auto-jit", "2x2x2-auto-partial_auto",
-         "2x2x2-explicit-jit", "8x1-explicit-jit"])
+         "2x2x2-explicit-jit", "8x1-explicit-jit", "4x2-explicit-jit_of_the_step"])
 def test_at_density_one_training_equals_dense_jit_training(name, kind, style):
   mesh = make_mesh(name, kind)
   _, _, specs = MESHES[name]
