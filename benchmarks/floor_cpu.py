@@ -65,7 +65,7 @@ def main(argv=None) -> int:
   states = {}
   for spec in args.methods.split(","):
     name, options = methods.parse(spec, density=0.01)
-    method = methods.make(name, **options)
+    method = methods.make(name, p=p, **options)
     sync = methods.sharded(method, mesh)
     states[spec] = shard_rows(methods.init_rows(method, p, n), mesh)
 

@@ -136,7 +136,7 @@ def worker(args) -> int:
   runs, sent = {}, {}
   for text in args.methods:
     name, options = methods.parse(text, density=args.density)
-    method = methods.make(name, **options)
+    method = methods.make(name, p=p, **options)
     state = shard_rows(methods.init_rows(method, p, args.n), mesh)
     fn = methods.sharded(method, mesh)
     _, state = jax.block_until_ready(fn(x, state))  # compile and warm up (step 0)

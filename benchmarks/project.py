@@ -61,12 +61,12 @@ LINKS = {
 TBF_BURST = 4 * 2**20  # netbench's `tc tbf ... burst 4mb` (tc's mb is MiB)
 
 
-def _method(spec: str, density: float):
-  """A method from its spec (``spardl``, ``spardl:wire=exact``), at ``density`` unless the
-  spec gives one."""
+def _method(spec: str, density: float, p: int):
+  """A method from its spec (``spardl``, ``spardl:wire=exact``, ``spardl:density=auto``) on
+  ``p`` devices, at ``density`` unless the spec gives one."""
   from spardl_jax.sync import methods
   name, options = methods.parse(spec, density=density)
-  return methods.make(name, **options)
+  return methods.make(name, p=p, **options)
 
 
 def sync_seconds(method, *, p: int, n: int, link: Link, compute_s: float,
@@ -89,10 +89,10 @@ def project(*, n: int, density: float, compute_ms: dict, step_ms: float, links, 
   """Rows ``{method, link, p, sync_s, step_s}`` for every method of ``compute_ms``."""
   rows = []
   for name, ms in compute_ms.items():
-    method = _method(name, density)
     for link_name in links:
       for p in ps:
-        sync = sync_seconds(method, p=p, n=n, link=LINKS[link_name], compute_s=ms / 1e3)
+        sync = sync_seconds(_method(name, density, p), p=p, n=n, link=LINKS[link_name],
+                            compute_s=ms / 1e3)
         rows.append({"method": name, "link": link_name, "p": p, "sync_s": sync,
                      "step_s": step_ms / 1e3 + sync})
   return rows
@@ -121,7 +121,7 @@ def validate(results: dict, *, p: int, n: int, density: float,
       if "bytes" in timing:
         predicted = unshaped + max(0.0, timing["bytes"] - burst) * link.beta
       else:
-        predicted = sync_seconds(_method(label, density), p=p, n=n, link=link,
+        predicted = sync_seconds(_method(label, density, p), p=p, n=n, link=link,
                                  compute_s=unshaped)
       rows.append({"rate": rate, "method": label, "measured_s": timing["seconds"],
                    "unshaped_s": unshaped, "predicted_s": predicted,

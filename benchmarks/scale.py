@@ -75,9 +75,10 @@ def steps_table(by_p: dict[int, dict[str, dict]], fraction: float) -> list[dict]
   return rows
 
 
-def _bound(method_name: str, options: dict, shapes):
-  """The method, bound to the model's leaf shapes if it works per leaf (PowerSGD)."""
-  method = methods.make(method_name, **options)
+def _bound(method_name: str, options: dict, shapes, p: int):
+  """The method on ``p`` devices, bound to the model's leaf shapes if it works per leaf
+  (PowerSGD)."""
+  method = methods.make(method_name, p=p, **options)
   return method.for_leaves(shapes) if method.leafwise else method
 
 
@@ -87,7 +88,7 @@ def time_rows(steps: list[dict], projection: dict, shapes) -> list[dict]:
   n = sum(int(np.prod(s)) for s in shapes)
   out = []
   for row in steps:
-    method = _bound(row["method"], row["options"], shapes)
+    method = _bound(row["method"], row["options"], shapes, row["p"])
     measured = row["method"] in args["compute"]
     for link in args["links"].split(","):
       step_s = project.step_seconds(method, p=row["p"], n=n, link=project.LINKS[link],

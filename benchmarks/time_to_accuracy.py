@@ -158,7 +158,7 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, float]:
   rounds = {}
   for spec in specs:
     variant = parse_variant(spec, density=0.01, teams=1, sag="auto", residuals="global")
-    method = methods.make(variant.method, **variant.options).for_leaves(shapes)
+    method = methods.make(variant.method, p=p, **variant.options).for_leaves(shapes)
     rounds[spec] = int(method.formula(p=p, n=n, itemsize=4).rounds) / (
         variant.tuning.outer or 1)
   return rounds

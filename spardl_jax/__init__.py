@@ -22,6 +22,7 @@ from spardl_jax.core.protocol import AllReduce, Cost, FlatVector, register
 from spardl_jax.parallel import distributed
 from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
+from spardl_jax.sync.density import DensityRule, density_rule
 from spardl_jax.sync.levels import density_warmup
 from spardl_jax.sync.adam import ScaleByFrozenAdamState, scale_by_frozen_adam
 from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
@@ -39,6 +40,7 @@ __all__ = (
     "AllReduce",
     "BlockLayout",
     "Cost",
+    "DensityRule",
     "DiLoCoState",
     "FlatVector",
     "SparDLConfig",
@@ -48,6 +50,7 @@ __all__ = (
     "SyncStats",
     "bounded_dispatch",
     "data_parallel_step",
+    "density_rule",
     "density_warmup",
     "diloco",
     "distributed",

@@ -192,7 +192,9 @@ def parse_variants(texts: list[str], **defaults) -> tuple[Variant, ...]:
   for text in texts:
     variant = parse_variant(text, **{**OPTION_DEFAULTS, **defaults})
     try:
-      methods.make(variant.method, **variant.options)
+      # A density picked from the devices (density=auto) is picked by the sync itself; any
+      # device count checks the other options here.
+      methods.make(variant.method, p=2, **variant.options)
     except (ValueError, TypeError) as error:
       raise ValueError(f"--compare {text!r}: {error}") from None
     variants.append(variant)

@@ -10,6 +10,7 @@ equal on every device, so every device takes the same branch and no collective i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Sequence
@@ -18,8 +19,9 @@ from typing import Any, NamedTuple
 from spardl_jax.core.config import check_number
 from spardl_jax.core.protocol import AllReduce
 from spardl_jax.sync import methods
+from spardl_jax.sync.density import DensityRule, density_rule, is_rule
 
-__all__ = ['DensitySchedule', 'Level', 'build', 'for_leaves', 'density_warmup']
+__all__ = ['DensitySchedule', 'Level', 'build', 'bind', 'density_warmup']
 
 DensitySchedule = Sequence[tuple[int, float]]
 
@@ -32,13 +34,17 @@ class Level(NamedTuple):
     allreduce: the all-reduce of this level.
     dense: True for the dense warm-up: ``pmean`` of the gradient plus the residual, which
       then empties (the mass is delivered, none is lost).
-    density: the fraction of entries the level keeps (1.0 for dense).
+    density: the fraction of entries the level keeps (1.0 for dense; for a ``rule``, its
+      value at the rule's own ``at`` until :func:`bind` knows the devices).
+    rule: the :class:`~spardl_jax.sync.density.DensityRule` the density comes from, or
+      None for a fixed one.
   """
 
   start: int
   allreduce: AllReduce
   dense: bool
   density: float
+  rule: DensityRule | None = None
 
 
 def _check_schedule(schedule) -> list[tuple[int, float]]:
@@ -49,8 +55,8 @@ def _check_schedule(schedule) -> list[tuple[int, float]]:
   except TypeError:
     pairs = None
   if not pairs or any(len(p) != 2 for p in pairs):
-    raise ValueError(f"density must be a number or a non-empty list of (step, density) "
-                     f"pairs, got {schedule!r}.")
+    raise ValueError(f"density must be a number, 'auto', a density_rule(...) or a non-empty "
+                     f"list of (step, density) pairs, got {schedule!r}.")
   steps = [s for s, _ in pairs]
   for s in steps:
     check_number("density schedule", "every step", s, f"an int (steps {steps})",
@@ -80,24 +86,36 @@ def build(method: str, options: dict[str, Any], *, warmup_steps: int) -> list[Le
   warmup_steps = check_number("", "warmup_steps", warmup_steps, "an int >= 0",
                               integral=True, accept=lambda w: w >= 0)
   density = options.get("density")
-  schedule = ([(0, density)] if density is None or isinstance(density, numbers.Real)
+  rule = (density_rule() if isinstance(density, str) else density) if is_rule(density) else None
+  schedule = ([(0, density)] if density is None or isinstance(density, numbers.Real) or rule
               else _check_schedule(density))
   levels = [Level(0, methods.make("dense"), True, 1.0)] if warmup_steps else []
   for i, (start, d) in enumerate(schedule):
     end = schedule[i + 1][0] if i + 1 < len(schedule) else math.inf
     if end <= warmup_steps:
       continue  # entirely inside the dense warm-up
-    level_options = dict(options) if density is None else {**options, "density": d}
+    # A rule's level is built at the rule's own device count, which checks every other
+    # option now; bind() rebuilds it for the devices the sync runs on.
+    level_options = (dict(options) if density is None else
+                     {**options, "density": rule(rule.at) if rule else d})
     allreduce = methods.make(method, **level_options)
     kept = allreduce.config.density if allreduce.sparse else 1.0
-    levels.append(Level(max(start, int(warmup_steps)), allreduce, False, float(kept)))
+    levels.append(Level(max(start, int(warmup_steps)), allreduce, False, float(kept), rule))
   return levels
 
 
-def for_leaves(levels: list[Level], shapes) -> list[Level]:
-  """``levels`` with each all-reduce bound to the gradient's float leaf shapes, in
-  flattening order (a method that sees one flat vector stays as it is)."""
-  return [level._replace(allreduce=level.allreduce.for_leaves(shapes)) for level in levels]
+def bind(levels: list[Level], shapes, p: int) -> list[Level]:
+  """``levels`` for the gradient's float leaf shapes (in flattening order; a method that
+  sees one flat vector stays as it is) on ``p`` devices of the data axis: a rule's level
+  takes its density for ``p``."""
+  bound = []
+  for level in levels:
+    if level.rule is not None:
+      density = level.rule(p)
+      level = level._replace(density=density, allreduce=methods.from_config(
+          dataclasses.replace(level.allreduce.config, density=density)))
+    bound.append(level._replace(allreduce=level.allreduce.for_leaves(shapes)))
+  return bound
 
 
 def density_warmup(target: float, *, steps: int, start: float = 0.25, factor: float = 4.0,

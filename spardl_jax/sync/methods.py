@@ -26,9 +26,11 @@ from spardl_jax.core import protocol
 from spardl_jax.core.config import SparDLConfig
 from spardl_jax.core.nonfinite import NonFinite, any_device, check_policy, skip_if
 from spardl_jax.core.protocol import AllReduce
+from spardl_jax.sync.density import AUTO, at_devices
 
-__all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'split_spec', 'parse', 'make',
-           'describe', 'init_rows', 'abstract_rows', 'sharded', 'sharded_allreduce']
+__all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'parse_density', 'split_spec',
+           'parse', 'make', 'describe', 'init_rows', 'abstract_rows', 'sharded',
+           'sharded_allreduce']
 
 
 def names() -> tuple[str, ...]:
@@ -60,6 +62,11 @@ def parse_teams(text: str):
   return text if text == "auto" else int(text)
 
 
+def parse_density(text: str):
+  """A ``density`` value from text: a number or ``'auto'`` (picked from the devices)."""
+  return text if text == AUTO else float(text)
+
+
 def _option_types() -> dict[str, Callable[[str], Any]]:
   """How ``key=value`` text becomes each registered config's option."""
   types: dict[str, Callable[[str], Any]] = {}
@@ -67,6 +74,7 @@ def _option_types() -> dict[str, Callable[[str], Any]]:
     for field in dataclasses.fields(cls.Config) if cls.Config else ():
       kind = field.type if isinstance(field.type, str) else field.type.__name__
       types[field.name] = (parse_teams if field.name == "teams" else
+                           parse_density if field.name == "density" else
                            int if kind == "int" else float if kind == "float" else str)
   return types
 
@@ -112,16 +120,21 @@ def parse(text: str, **defaults) -> tuple[str, dict]:
   return method, options
 
 
-def make(method: str, **options) -> AllReduce:
+def make(method: str, *, p: int | None = None, **options) -> AllReduce:
   """The all-reduce called ``method``, built from its options.
 
   Args:
     method: one of :func:`names`.
+    p: the devices of the data axis, where ``density`` is picked from them (``"auto"`` or
+      a :func:`~spardl_jax.density_rule`); unused otherwise.
     **options: the fields of the method's ``Config`` (see :func:`describe`).
 
   Raises:
-    ValueError: for an unknown method; TypeError for an option it does not take.
+    ValueError: for an unknown method, or a density rule without ``p``; TypeError for an
+      option it does not take.
   """
+  if "density" in options:
+    options["density"] = at_devices(options["density"], p, f"method {method!r}")
   return protocol.build(method, **options)
 
 

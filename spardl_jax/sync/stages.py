@@ -207,7 +207,7 @@ def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncStat
   floats, dtype = _float_leaves(params)
   lead, p = _devices(options)
   n = flat_layout(options, params, floats, specs, given).n
-  bound = levels.for_leaves(list(options.levels), [x.shape for x in floats])
+  bound = levels.bind(list(options.levels), [x.shape for x in floats], p)
 
   def rows(a):
     a = jnp.asarray(a)
@@ -344,7 +344,7 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None):
   floats, dtype = _float_leaves(updates)
   layout = flat_layout(options, updates, floats, specs, given)
   trace = Trace(_shapes(floats), layout, dtype,
-                tuple(levels.for_leaves(list(options.levels), [x.shape for x in floats])), p)
+                tuple(levels.bind(list(options.levels), [x.shape for x in floats], p)), p)
   local = check_state(options, state, trace)
   x, velocity = local_gradient(options, layout.flatten(floats, dtype), state.velocity, trace.p)
   y, new_local, bytes_sent, h, index, local = run_level(options, trace, x, local,

@@ -16,6 +16,7 @@ import optax
 
 from spardl_jax.core.nonfinite import NonFinite
 from spardl_jax.sync import levels, stages
+from spardl_jax.sync.density import DensityRule
 
 __all__ = ['sync_gradients', 'spardl', 'powersgd']
 
@@ -46,6 +47,9 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     compiled once into the one train step and chosen with ``lax.switch`` by the step count,
     so no step recompiles. Entering a level restarts the method's other state (the B-SAG
     controller, thresholds) for the new size; the residual carries over.
+  * ``density="auto"`` (or a :func:`spardl_jax.density_rule`): the density is picked from
+    the devices P of the data axis when the sync is traced, growing with log2 P so that
+    SparDL's steps to accuracy do not grow with P (docs/design.md, "The density rule").
   * ``momentum=m`` (DGC's momentum correction): each device keeps its velocity
     ``u <- m u + g`` and the all-reduce synchronizes ``u`` (plus the residual) instead of
     ``g``, so the optimizer after the sync must have **no** momentum
@@ -111,8 +115,9 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
       extra argument, which :func:`spardl_jax.data_parallel_step` passes) and, for
       ``init``, from :func:`spardl_jax.use_param_specs` (which
       :func:`spardl_jax.init_opt_state` uses); this argument wins over both.
-    **options: the method's options (for ``'spardl'``: ``density`` (a number or a
-      schedule), ``teams``, ``sag``, ``residuals``, ``alpha``, ``beta``).
+    **options: the method's options (for ``'spardl'``: ``density`` (a number, a
+      schedule, ``"auto"`` or a density rule), ``teams``, ``sag``, ``residuals``,
+      ``alpha``, ``beta``).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -143,7 +148,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def spardl(*, density: float | levels.DensitySchedule = 0.01,
+def spardl(*, density: float | levels.DensitySchedule | str | DensityRule = 0.01,
            **options) -> optax.GradientTransformation:
   """SparDL gradient synchronization as an optax transformation:
   ``sync_gradients("spardl", density=density, **options)``.
@@ -164,7 +169,9 @@ def spardl(*, density: float | levels.DensitySchedule = 0.01,
 
   Args:
     density: fraction of each block kept by every top-k selection, in (0, 1]; or a schedule
-      ``[(step, density), ...]`` starting at step 0 (:func:`spardl_jax.density_warmup`).
+      ``[(step, density), ...]`` starting at step 0 (:func:`spardl_jax.density_warmup`);
+      or ``"auto"``, picked from the devices P (:func:`spardl_jax.density_rule`: 2.5 % at
+      P = 8 to 5 % at 64, for steps that do not grow with P).
     **options: the other fields of :class:`~spardl_jax.SparDLConfig` (``teams``, ``sag``,
       ``residuals``, ``wire``, ``alpha``, ``beta``; their defaults are its) and the options
       of :func:`sync_gradients` (``axis_name``, ``axis_size``, ``nonfinite``, and the

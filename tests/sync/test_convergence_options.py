@@ -79,6 +79,38 @@ def test_density_schedule_moves_through_levels():
   assert_matches(sj.spardl(density=schedule, warmup_steps=1), 4, 5, warmup=1, density=schedule)
 
 
+def by_hand(p):
+  """docs/design.md's rule: 2.5 % at P = 8, times log2 P / 3, at most 10 %."""
+  return min(0.1, 0.025 * np.log2(max(p, 2)) / 3)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_density_auto_is_the_rule_at_each_p(p):
+  """The density is picked when the sync is traced, from the devices it runs on; the
+  sync is then SparDL at that density (the NumPy model), and the stats say which."""
+  assert_matches(sj.spardl(density="auto"), p, 3, density=by_hand(p))
+  grads = rows(np.random.default_rng(1), p, 1)
+  *_, stats = next(run(sj.spardl(density="auto"), grads, p))
+  np.testing.assert_allclose(np.asarray(stats.density), by_hand(p), rtol=1e-6)
+
+
+def test_density_auto_with_teams_and_the_makers():
+  """Teams and R-SAG hold with the rule (the model with d = 2 at P = 8); the method maker
+  and the spec parser take it with the devices."""
+  grads = rows(np.random.default_rng(2), 8, 2)
+  rs = np.zeros((8, N), np.float32)
+  for (y, got_rs, *_), g in zip(run(sj.spardl(density="auto", teams=2), grads, 8), grads):
+    want, rs = reference.spardl(g, rs, by_hand(8), teams=2, sag="recursive", wire="compact")
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_rs, rs, rtol=1e-5, atol=1e-5)
+  assert sj.methods.parse("spardl:density=auto") == ("spardl", {"density": "auto"})
+  for p in (8, 64, 2 ** 12, 2 ** 20):
+    assert sj.methods.make("spardl", p=p, density="auto").config.density == pytest.approx(
+        by_hand(p))
+  rule = sj.density_rule(0.01, at=4, most=0.03)
+  assert [rule(p) for p in (4, 16, 2 ** 10)] == pytest.approx([0.01, 0.02, 0.03])
+
+
 @pytest.mark.parametrize("masking", [True, False])
 def test_momentum_correction_and_masking(masking):
   assert_matches(sj.spardl(density=0.05, momentum=0.9, momentum_masking=masking), 4, 4,
