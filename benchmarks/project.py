@@ -17,7 +17,8 @@ hold to the compiled HLO; ``c`` is the sync's measured compute on one device (``
 milliseconds, e.g. from ``spardl-bench --emulate`` on the target GPU), taken as independent
 of ``P``; ``t_compute`` the model's forward and backward (``--step-ms``). Communication is not
 overlapped with the backward pass. ``burst`` is a token bucket's depth: 0 for a real link,
-the bytes a ``tc tbf`` shaper lets through at once for the emulated network (netbench's 4 MB).
+the bytes a ``tc tbf`` shaper lets through at once for the emulated network (its run records
+it: netbench's 16 KiB; 4 MiB in runs from before it recorded one).
 
 ``--validate`` checks the model against a ``spardl-netbench`` run that timed every method
 unshaped and shaped: the unshaped time is the measured ``c`` (compute plus the software's
@@ -33,10 +34,11 @@ import os
 import sys
 from typing import NamedTuple
 
+from benchmarks.netbench import SHAPER
 from spardl_jax.core import cost as cost_model
 from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G
 
-__all__ = ['Link', 'LINKS', 'TBF_BURST', 'sync_seconds', 'step_seconds', 'project', 'validate',
+__all__ = ['Link', 'LINKS', 'OLD_TBF_BURST', 'sync_seconds', 'step_seconds', 'project', 'validate',
            'per_step', 'plot_against_p', 'main']
 
 
@@ -58,7 +60,9 @@ LINKS = {
     "25gbe": Link(ETHERNET_10G["alpha"], 8 / 25e9),
     "ib100": Link(INFINIBAND_100G["alpha"], INFINIBAND_100G["beta"]),
 }
-TBF_BURST = 4 * 2**20  # netbench's `tc tbf ... burst 4mb` (tc's mb is MiB)
+# netbench's `tc tbf ... burst 4mb` (tc's mb is MiB) before its runs recorded their bucket:
+# the results of those runs (benchmarks/results/) are validated with it.
+OLD_TBF_BURST = 4 * 2**20
 
 
 def _method(spec: str, density: float, p: int):
@@ -98,13 +102,15 @@ def project(*, n: int, density: float, compute_ms: dict, step_ms: float, links, 
   return rows
 
 
-def validate(results: dict, *, p: int, n: int, density: float,
-             burst: float = TBF_BURST) -> list:
+def validate(results: dict, *, p: int, n: int, density: float) -> list:
   """Predicted against measured seconds for every shaped rate of a run that also ran
   unshaped: ``{rate: {method: {"seconds": median, "bytes": optional}}}`` of ``p`` processes,
-  ``n`` entries (a netbench ``results.json`` is one; :func:`per_step` makes one of a
-  time-to-accuracy run). The unshaped time is the compute, nothing is fitted; a timing with
-  ``bytes`` (the run's own bytes per step) is charged those, else the method's formula."""
+  ``n`` entries, and the shaper's bucket under ``"shaper"`` (a netbench ``results.json`` is
+  one; :func:`per_step` makes one of a time-to-accuracy run). The unshaped time is the
+  compute, nothing is fitted; a timing with ``bytes`` (the run's own bytes per step) is
+  charged those, else the method's formula."""
+  results = dict(results)
+  burst = results.pop(SHAPER, {}).get("tbf_burst_bytes", OLD_TBF_BURST)
   if "unshaped" not in results:
     raise ValueError("--validate needs a netbench run with the rate 'unshaped' (--rates "
                      "unshaped,1gbit,100mbit).")
@@ -134,7 +140,7 @@ def per_step(tta: dict, seed: int) -> dict:
   each method's mean seconds per train step at each rate for ``seed``, with its bytes per
   step (the run's bytes over its steps)."""
   steps = tta["args"]["epochs"] * tta["args"]["steps_per_epoch"]
-  out: dict = {}
+  out: dict = {SHAPER: {"tbf_burst_bytes": tta["args"].get("tbf_burst_bytes", OLD_TBF_BURST)}}
   for row in tta["rows"]:
     if row["seed"] == seed:
       out.setdefault(row["rate"], {})[row["method"]] = {

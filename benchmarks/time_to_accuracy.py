@@ -99,6 +99,9 @@ def _parse_args(argv):
   return args
 
 
+SHAPER_FILE = "shaper.json"  # the shaper's token bucket of the runs under --out
+
+
 def train_command(args, out: str, seed: int) -> list[str]:
   """The trainer's command line for one rate's job (every method in turn)."""
   cmd = [sys.executable, "-m", "train", "--model", CASE["model"], "--model-size",
@@ -135,6 +138,8 @@ def run_rates(args) -> None:
     for seed in args.seeds:
       job(seed, "unshaped")
     return
+  with open(os.path.join(args.out, SHAPER_FILE), "w") as f:  # what --report reads back
+    json.dump({"tbf_burst_bytes": netbench.TBF_BURST}, f)
   with netbench.network(args.processes) as namespaces:
     for seed in args.seeds:
       for rate in args.rates:
@@ -353,9 +358,13 @@ def main(argv=None) -> int:
   print(table)
   with open(os.path.join(args.out, "results.md"), "w") as f:
     f.write(table + "\n")
+  shaper = os.path.join(args.out, SHAPER_FILE)
+  record = {k: v for k, v in vars(args).items() if k != "report"}
+  if os.path.exists(shaper):  # runs shaped before the file was written had a 4 MiB bucket
+    with open(shaper) as f:
+      record.update(json.load(f))
   with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump({"args": {k: v for k, v in vars(args).items() if k != "report"}, "rows": rows,
-               "over_seeds": summary}, f, indent=2)
+    json.dump({"args": record, "rows": rows, "over_seeds": summary}, f, indent=2)
   plot(rows, os.path.join(args.out, "time_to_accuracy.png"))
   return 0
 

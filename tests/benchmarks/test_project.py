@@ -27,7 +27,7 @@ def test_spardl_and_dense_on_10gbe_by_hand():
 
 
 def test_the_token_bucket_lets_the_first_bytes_through():
-  link = project.Link(0.0, 8 / 100e6, project.TBF_BURST)
+  link = project.Link(0.0, 8 / 100e6, project.OLD_TBF_BURST)
   compact = methods.make("spardl", density=0.01)  # 1,029,812 bytes: inside the 4 MiB bucket
   assert project.sync_seconds(compact, p=P, n=N, link=link, compute_s=0.4) == 0.4
   dense = methods.make("dense")  # 88.2 MB at P = 4, 4 MiB of it at once
@@ -46,6 +46,17 @@ def test_validation_predicts_each_shaped_time_from_the_unshaped_one():
     project.validate({"1gbit": {}}, p=4, n=N, density=0.01)
 
 
+def test_a_run_that_records_its_bucket_is_charged_every_byte_past_it():
+  """netbench's results since it paces every byte: a 16 KiB bucket, recorded beside the
+  rates; SparDL's 882,684 bytes at P = 4 (its formula; inside the old 4 MiB bucket) are
+  now charged all but 16 KiB at 100 Mbit/s."""
+  results = {"unshaped": {"spardl": {"seconds": 0.40}},
+             "100mbit": {"spardl": {"seconds": 0.50}},
+             "shaper": {"tbf_burst_bytes": 16 * 1024}}
+  (row,) = project.validate(results, p=4, n=N, density=0.01)
+  assert row["predicted_s"] == pytest.approx(0.40 + (882_684 - 16 * 1024) * 8 / 100e6)
+
+
 def test_per_step_validation_charges_each_run_its_own_bytes():
   """A time-to-accuracy run: 20 epochs of 11 steps; dense sent 26.1 MB a step (5.742 GB in
   220 steps), of which all but the 4 MiB bucket waits for 100 Mbit/s."""
@@ -55,7 +66,8 @@ def test_per_step_validation_charges_each_run_its_own_bytes():
       for seed, rate, s in ((0, "unshaped", 0.207), (0, "100mbit", 2.176), (1, "100mbit", 9.9))]}
   steps = project.per_step(tta, seed=0)
   assert steps == {"unshaped": {"dense": {"seconds": 0.207, "bytes": 5_742e6 / 220}},
-                   "100mbit": {"dense": {"seconds": 2.176, "bytes": 5_742e6 / 220}}}
+                   "100mbit": {"dense": {"seconds": 2.176, "bytes": 5_742e6 / 220}},
+                   "shaper": {"tbf_burst_bytes": 4 * 2**20}}  # run before it was recorded
   (row,) = project.validate(steps, p=4, n=N, density=0.01)
   assert row["predicted_s"] == pytest.approx(0.207 + (5_742e6 / 220 - 4 * 2**20) * 8 / 100e6)
   assert row["error"] == pytest.approx(row["predicted_s"] / 2.176 - 1)
