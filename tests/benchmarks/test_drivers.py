@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from benchmarks import (convergence, floor_cpu, netbench, outer_sync_time, paper_compare,
-                        per_rank, sharded_step, sync_profile, versus, vgg16_compute)
+                        per_rank, sharded_step, staleness, sync_profile, versus, vgg16_compute)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "benchmarks" / "scripts").glob("*.sh"))
@@ -133,3 +133,11 @@ def test_scripts_parse_and_name_what_exists(script):
     assert path.with_suffix(".py").exists() or (path / "__main__.py").exists(), module
   for name in re.findall(r"benchmarks/[\w/]+\.(?:py|sh|json)", text):
     assert (ROOT / name).exists(), name
+
+
+def test_staleness_lag_is_zero_when_everything_is_sent_and_grows_as_less_is(capsys):
+  assert staleness.lag("spardl", 4, 1.0, n=64, steps=4)[0] == pytest.approx(0, abs=1e-6)
+  assert 0 < staleness.lag("spardl", 4, 0.1, n=256, steps=8)[0] < 1
+  assert staleness.main(["--p", "2,4", "--densities", "0.1", "--n", "64", "--steps", "4"]) == 0
+  rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| spardl")]
+  assert len(rows) == 1 and rows[0].count("|") == 5
