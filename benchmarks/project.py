@@ -227,6 +227,8 @@ def main(argv=None) -> int:
     for r in rows:
       print(f"| {r['rate']} | {r['method']} | {r['unshaped_s']:.3f} | {r['measured_s']:.3f} | "
             f"{r['predicted_s']:.3f} | {r['error']:+.0%} |")
+    close = sum(abs(r["error"]) <= 0.25 for r in rows)
+    print(f"\n{close} of {len(rows)} within ±25 %")
     return 0
   links = args.links.split(",")
   for link in links:

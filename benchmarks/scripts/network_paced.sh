@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The emulated-network figures of benchmarks/results/network.md with every byte paced (netbench's
+# 16 KiB token bucket), as root: one sync of every method at 4 and 8 processes (unshaped,
+# 1 Gbit/s, 100 Mbit/s) checked against the projection, then time to accuracy at 8 processes
+# over three seeds. Nothing else may run on the machine meanwhile: the processes share its cores.
+set -eu
+cd "$(dirname "$0")/../.."
+out=${1:-benchmarks/results/network}
+for p in 4 8; do
+  python -m benchmarks.netbench --processes $p --rates unshaped,1gbit,100mbit --n 14.7e6 \
+    --repeats 3 --out "$out/sync_p$p" | tee "$out/sync_p$p.md"
+  python -m benchmarks.project --validate "$out/sync_p$p/results.json" --processes $p \
+    | tee "$out/sync_p${p}_validation.md"
+done
+methods=dense,dense_bf16,spardl,spardl:density=auto,topka,gtopk,oktopk,powersgd:rank=4
+python -m benchmarks.time_to_accuracy --processes 8 --seeds 0,1,2 \
+  --rates unshaped,1gbit,100mbit --methods $methods --out "$out/tta_p8"
+for seed in 0 1 2; do
+  python -m benchmarks.project --validate "$out/tta_p8/results.json" --processes 8 \
+    --seed $seed | tee "$out/tta_p8/validation_seed$seed.md"
+done
