@@ -51,8 +51,9 @@ def load_runs(folders: list[str]) -> dict[int, dict[str, dict]]:
   by_p: dict[int, dict[str, dict]] = {}
   for run in found:
     entry = by_p.setdefault(run.devices, {}).setdefault(
-        run.label, {"method": run.method, "options": run.options, "curves": {}})
+        run.label, {"method": run.method, "options": run.options, "curves": {}, "bytes": {}})
     entry["curves"].setdefault(run.seed, run.curve())
+    entry["bytes"].setdefault(run.seed, run.bytes_per_step)
   return by_p
 
 
@@ -71,8 +72,42 @@ def steps_table(by_p: dict[int, dict[str, dict]], fraction: float) -> list[dict]
                    "options": entry["options"], "target": goal, "seeds": seeds,
                    "steps": steps,
                    "mean_steps": None if None in steps else float(np.mean(steps)),
-                   "final": [entry["curves"][seed][-1][1] for seed in seeds]})
+                   "final": [entry["curves"][seed][-1][1] for seed in seeds],
+                   "bytes_per_step": float(np.mean([entry["bytes"][s] for s in seeds]))})
   return rows
+
+
+def against_p(steps: list[dict], *, fraction: float, title: str) -> str:
+  """The Markdown of steps to the target against P, each variant's mean × dense's mean at
+  that P, then its final metric and bytes per step (means over the seeds)."""
+  labels = list(dict.fromkeys(r["label"] for r in steps))
+  by = {(r["p"], r["label"]): r for r in steps}
+  ps = sorted({r["p"] for r in steps})
+  seeds = sorted({s for r in steps for s in r["seeds"]})
+  lines = [f"# Steps to {fraction:.0%} of dense's final metric against P: {title}", "",
+           f"Mean over seeds {seeds} (× dense's mean at that P; \"never\" if a seed never got "
+           "there).", "", "| P | " + " | ".join(labels) + " |",
+           "| --- |" + " --- |" * len(labels)]
+  for p in ps:
+    dense = by[(p, "dense")]["mean_steps"]
+    cells = []
+    for label in labels:
+      r = by.get((p, label))
+      if r is None:
+        cells.append("")
+      elif r["mean_steps"] is None:
+        cells.append("never (" + ", ".join("never" if s is None else str(s)
+                                           for s in r["steps"]) + ")")
+      else:
+        cells.append(f"{r['mean_steps']:.0f} ({r['mean_steps'] / dense:.2f}×)")
+    lines.append(f"| {p} | " + " | ".join(cells) + " |")
+  lines += ["", "Final test metric, and bytes per step per device:", "",
+            "| P | " + " | ".join(labels) + " |", "| --- |" + " --- |" * len(labels)]
+  for p in ps:
+    cells = [f"{np.mean(by[(p, l)]['final']):.3f}, {by[(p, l)]['bytes_per_step']:,.0f} B"
+             if (p, l) in by else "" for l in labels]
+    lines.append(f"| {p} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def _bound(method_name: str, options: dict, shapes, p: int):
@@ -221,15 +256,25 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--runs", required=True,
                       help="comma list of folders holding python -m train runs (metrics.json)")
-  parser.add_argument("--projection", required=True,
-                      help="a python -m benchmarks.project --out folder (projection.json)")
-  parser.add_argument("--model", required=True,
+  parser.add_argument("--projection",
+                      help="a python -m benchmarks.project --out folder (projection.json); "
+                           "without it, the steps against P alone")
+  parser.add_argument("--model",
                       help="the projected model (its shapes for PowerSGD, its n), e.g. vgg16")
   parser.add_argument("--target", type=fraction, default=0.98,
                       help="fraction of dense's final test metric (default 0.98)")
   parser.add_argument("--title", default="")
   parser.add_argument("--out", help="folder for results.json, results.md and tta.png")
   args = parser.parse_args(argv)
+  if args.projection is None:
+    try:
+      steps = steps_table(load_runs(args.runs.split(",")), args.target)
+    except ValueError as error:
+      parser.error(str(error))
+    print(against_p(steps, fraction=args.target, title=args.title or args.runs))
+    return 0
+  if args.model is None:
+    parser.error("--projection needs --model (the projected model's shapes and n)")
   path = os.path.join(args.projection, "projection.json")
   if not os.path.isfile(path):
     parser.error(f"--projection: no projection.json in {args.projection!r}; write one with "

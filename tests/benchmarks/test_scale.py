@@ -103,6 +103,17 @@ def test_time_to_target_by_hand_best_density_and_crossover(runs):
   assert scale.crossover([firsts[8]], "fixed") == {"10gbe": None}
 
 
+def test_steps_against_p_without_a_projection(runs, capsys):
+  """Each variant's mean steps × dense's mean at that P; "never" with the seeds' steps."""
+  assert scale.main(["--runs", str(runs), "--target", "0.98", "--title", "case"]) == 0
+  out = capsys.readouterr().out
+  assert "| 8 | 30 (1.00×) | 30 (1.00×) | 20 (0.67×) | never (never, never) |  |" in out
+  assert "| 16 | 30 (1.00×) | 40 (1.33×) |  |" in out  # no 5 % run at P = 16
+  assert "| 8 | 0.965, 0 B | 0.960, 0 B | 0.960, 0 B | 0.700, 0 B |  |" in out
+  with pytest.raises(SystemExit):
+    scale.main(["--runs", str(runs), "--projection", str(runs)])
+
+
 def test_bad_flags(runs, tmp_path, capsys):
   with pytest.raises(SystemExit):
     scale.main(["--runs", str(tmp_path / "none"), "--projection", str(tmp_path),
