@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
+import math
 import os
 import shutil
 import socket
@@ -27,8 +29,9 @@ import subprocess
 import sys
 import time
 
-__all__ = ['BRIDGE', 'SUBNET', 'DEFAULT_METHODS', 'TBF_BURST', 'network', 'UNSHAPED', 'shape',
-           'run_workers', 'in_namespace', 'worker', 'main']
+__all__ = ['BRIDGE', 'SUBNET', 'DEFAULT_METHODS', 'MIN_TBF_BURST', 'rate_bits', 'kernel_hz',
+           'tbf_burst', 'shaper_record', 'network', 'UNSHAPED', 'shape', 'run_workers',
+           'in_namespace', 'worker', 'main']
 
 BRIDGE = "spdlbr0"
 SUBNET = "10.77.0"
@@ -83,24 +86,53 @@ def _resolve_hostname_to(ns: str, address: str) -> None:
 UNSHAPED = "unshaped"
 SHAPER = "shaper"  # results.json's record of the shaper, beside the rates
 
-# The token bucket of the shaper, in bytes: what a namespace may send at once before the rate
-# applies. A 4 MiB bucket let every sparse method's whole sync through unpaced; 16 KiB paces
-# every message (the kernel took buckets down to 2 kB) and kept 96 % of 100 Mbit/s and 88 %
-# of 1 Gbit/s for one 20 MB / 200 MB TCP stream between two namespaces (2026-11-27, this
-# 2-core machine, kernel 6.18, busy with other work).
-TBF_BURST = 16 * 1024
+MIN_TBF_BURST = 16 * 1024  # a few packets, for rates so slow that a tick's worth is less
 
 
-def shape(namespaces: list[str], rate: str, burst: int = TBF_BURST) -> None:
+def rate_bits(rate: str) -> float:
+  """A tc rate (``100mbit``, ``1gbit``, ``2.5gbit``) in bits per second."""
+  scale = {"g": 1e9, "m": 1e6, "k": 1e3}
+  number = rate.removesuffix("bit")
+  return float(number[:-1]) * scale[number[-1]] if number[-1] in scale else float(number)
+
+
+def kernel_hz() -> int:
+  """The kernel's timer frequency (``CONFIG_HZ``), 100 where the config cannot be read: the
+  lowest common one, so a bucket sized from it never loses tokens."""
+  try:
+    with gzip.open("/proc/config.gz", "rt") as f:
+      for line in f:
+        if line.startswith("CONFIG_HZ="):
+          return int(line.split("=")[1])
+  except OSError:
+    pass
+  return 100
+
+
+def tbf_burst(rate: str) -> int:
+  """The token bucket of the shaper at ``rate``, in bytes: what a namespace may send at once
+  before the rate applies. One timer tick's worth of the rate (rate / HZ), the least ``tc``'s
+  manual allows, so no message passes more than a tick (4 ms at HZ = 250) ahead of its pace; a
+  smaller bucket loses the tokens that arrive between ticks (16 KiB gave dense's ring 52 % of
+  1 Gbit/s at 4 processes), and the 4 MiB one before let every sparse sync through unpaced."""
+  return max(MIN_TBF_BURST, math.ceil(rate_bits(rate) / 8 / kernel_hz()))
+
+
+def shape(namespaces: list[str], rate: str) -> None:
   """Limits what every namespace sends to ``rate`` (a tc rate, e.g. 1gbit, 100mbit) with a
-  token bucket of ``burst`` bytes, or lifts the limit for :data:`UNSHAPED`."""
+  token bucket of :func:`tbf_burst` bytes, or lifts the limit for :data:`UNSHAPED`."""
   for i, ns in enumerate(namespaces):
     subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", f"spdlv{i}",
                     "root"], capture_output=True)
     if rate == UNSHAPED:
       continue
     _sh("tc", "qdisc", "add", "dev", f"spdlv{i}", "root", "tbf", "rate", rate, "burst",
-        str(burst), "latency", "400ms", ns=ns)
+        str(tbf_burst(rate)), "latency", "400ms", ns=ns)
+
+
+def shaper_record(rates) -> dict:
+  """What results.json keeps of the shaper: each shaped rate's bucket."""
+  return {"tbf_burst_bytes": {r: tbf_burst(r) for r in rates if r != UNSHAPED}}
 
 
 def run_workers(namespaces, args, rate: str) -> dict:
@@ -213,7 +245,7 @@ def main(argv=None) -> int:
       cells += [f"{seconds:.3f}", f"{seconds / times['spardl']['seconds']:.2f}x"]
     print(f"| {text} | " + " | ".join(cells) + " |")
   with open(os.path.join(args.out, "results.json"), "w") as f:
-    shaper = {} if args.local else {SHAPER: {"tbf_burst_bytes": TBF_BURST}}
+    shaper = {} if args.local else {SHAPER: shaper_record(results)}
     json.dump({**results, **shaper}, f, indent=2)
   return 0
 

@@ -34,7 +34,7 @@ import os
 import sys
 from typing import NamedTuple
 
-from benchmarks.netbench import SHAPER
+from benchmarks.netbench import SHAPER, rate_bits
 from spardl_jax.core import cost as cost_model
 from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G
 
@@ -111,6 +111,9 @@ def validate(results: dict, *, p: int, n: int, density: float) -> list:
   charged those, else the method's formula."""
   results = dict(results)
   burst = results.pop(SHAPER, {}).get("tbf_burst_bytes", OLD_TBF_BURST)
+  # netbench's bucket is one per rate (rate / HZ); runs shaped with one bucket for all rates
+  # recorded a number.
+  burst_at = burst.__getitem__ if isinstance(burst, dict) else lambda rate: burst
   if "unshaped" not in results:
     raise ValueError("--validate needs a netbench run with the rate 'unshaped' (--rates "
                      "unshaped,1gbit,100mbit).")
@@ -118,14 +121,11 @@ def validate(results: dict, *, p: int, n: int, density: float) -> list:
   for rate, by_method in results.items():
     if rate == "unshaped":
       continue
-    scale = {"g": 1e9, "m": 1e6, "k": 1e3}
-    number = rate.removesuffix("bit")
-    bits = float(number[:-1]) * scale[number[-1]] if number[-1] in scale else float(number)
-    link = Link(0.0, 8 / bits, burst)
+    link = Link(0.0, 8 / rate_bits(rate), burst_at(rate))
     for label, timing in by_method.items():
       unshaped = results["unshaped"][label]["seconds"]
       if "bytes" in timing:
-        predicted = unshaped + max(0.0, timing["bytes"] - burst) * link.beta
+        predicted = unshaped + max(0.0, timing["bytes"] - link.burst) * link.beta
       else:
         predicted = sync_seconds(_method(label, density, p), p=p, n=n, link=link,
                                  compute_s=unshaped)

@@ -139,7 +139,7 @@ def run_rates(args) -> None:
       job(seed, "unshaped")
     return
   with open(os.path.join(args.out, SHAPER_FILE), "w") as f:  # what --report reads back
-    json.dump({"tbf_burst_bytes": netbench.TBF_BURST}, f)
+    json.dump(netbench.shaper_record(args.rates), f)
   with netbench.network(args.processes) as namespaces:
     for seed in args.seeds:
       for rate in args.rates:

@@ -5,7 +5,7 @@ table (Table 1: SparDL's 2 log2 P rounds and 4 kb (P - 1) words; the ring all-re
 import pytest
 
 from spardl_jax.sync import methods
-from benchmarks import project
+from benchmarks import netbench, project
 
 N, P = 14_700_000, 8
 ETHERNET = project.LINKS["10gbe"]  # 50 us a round, 1.25 GB/s
@@ -46,15 +46,32 @@ def test_validation_predicts_each_shaped_time_from_the_unshaped_one():
     project.validate({"1gbit": {}}, p=4, n=N, density=0.01)
 
 
-def test_a_run_that_records_its_bucket_is_charged_every_byte_past_it():
-  """netbench's results since it paces every byte: a 16 KiB bucket, recorded beside the
-  rates; SparDL's 882,684 bytes at P = 4 (its formula; inside the old 4 MiB bucket) are
-  now charged all but 16 KiB at 100 Mbit/s."""
+def test_a_run_that_records_its_buckets_is_charged_every_byte_past_each():
+  """netbench's results since it paces every byte: each rate's bucket, one timer tick of it
+  (rate / HZ), recorded beside the rates. SparDL's 882,684 bytes at P = 4 (its formula; inside
+  the old 4 MiB bucket) are charged all but 50,000 bytes at 100 Mbit/s and all but 500,000 at
+  1 Gbit/s (HZ = 250); a run that recorded one bucket for every rate is charged that one."""
   results = {"unshaped": {"spardl": {"seconds": 0.40}},
              "100mbit": {"spardl": {"seconds": 0.50}},
-             "shaper": {"tbf_burst_bytes": 16 * 1024}}
-  (row,) = project.validate(results, p=4, n=N, density=0.01)
-  assert row["predicted_s"] == pytest.approx(0.40 + (882_684 - 16 * 1024) * 8 / 100e6)
+             "1gbit": {"spardl": {"seconds": 0.45}},
+             "shaper": {"tbf_burst_bytes": {"100mbit": 50_000, "1gbit": 500_000}}}
+  rows = {r["rate"]: r["predicted_s"] for r in project.validate(results, p=4, n=N, density=0.01)}
+  assert rows == pytest.approx({"100mbit": 0.40 + (882_684 - 50_000) * 8 / 100e6,
+                                "1gbit": 0.40 + (882_684 - 500_000) * 8 / 1e9})
+  results["shaper"] = {"tbf_burst_bytes": 16 * 1024}
+  rows = {r["rate"]: r["predicted_s"] for r in project.validate(results, p=4, n=N, density=0.01)}
+  assert rows["100mbit"] == pytest.approx(0.40 + (882_684 - 16 * 1024) * 8 / 100e6)
+
+
+def test_the_shapers_bucket_is_one_timer_tick_of_its_rate(monkeypatch):
+  """tc's manual: a bucket under rate / HZ loses the tokens that arrive between ticks."""
+  assert netbench.kernel_hz() in (100, 250, 300, 1000)  # Linux's choices; 100 if unreadable
+  monkeypatch.setattr(netbench, "kernel_hz", lambda: 250)
+  assert netbench.rate_bits("100mbit") == 100e6 and netbench.rate_bits("2.5gbit") == 2.5e9
+  assert netbench.tbf_burst("100mbit") == 50_000       # 12.5 MB/s for 4 ms
+  assert netbench.tbf_burst("1gbit") == 500_000
+  assert netbench.tbf_burst("10mbit") == 16 * 1024     # a tick's 5,000 bytes: the floor
+  assert netbench.shaper_record(["unshaped", "1gbit"]) == {"tbf_burst_bytes": {"1gbit": 500_000}}
 
 
 def test_per_step_validation_charges_each_run_its_own_bytes():
