@@ -10,7 +10,7 @@ out=${1:-benchmarks/results/network}
 # Eight processes at n = 4M, so that eight fit on two cores, with more repeats for the noise.
 sync() {  # processes, n, repeats
   python -m benchmarks.netbench --processes $1 --rates unshaped,unshaped,1gbit,100mbit --n $2 \
-    --repeats $3 --out "$out/sync_p$1" | tee "$out/sync_p$1.md"
+    --repeats $3 --out "$out/sync_p$1" | grep -v "\[Gloo\]" | tee "$out/sync_p$1.md"
   python -m benchmarks.project --validate "$out/sync_p$1/results.json" --processes $1 --n $2 \
     | tee "$out/sync_p${1}_validation.md"
 }
