@@ -199,6 +199,10 @@ def _fmt(seconds, lower_bound: bool) -> str:
   return f"{'≥' if lower_bound else ''}{seconds:.2f}"
 
 
+def _density(density) -> str:
+  return density if isinstance(density, str) else f"{density:.1%}"  # "auto": the rule's
+
+
 def report(steps: list[dict], times: list[dict], firsts: list[dict], *, fraction: float,
            title: str) -> str:
   """The Markdown of the three tables: steps, time to target at 1 %, and at the best density."""
@@ -229,7 +233,7 @@ def report(steps: list[dict], times: list[dict], firsts: list[dict], *, fraction
         seconds, density = f[kind][m]
         cell = _fmt(seconds, m in f["lower_bound"])
         shown = kind == "best" and density is not None and seconds is not None
-        cells.append(cell + (f" @{density:.1%}" if shown else ""))
+        cells.append(cell + (f" @{_density(density)}" if shown else ""))
       contenders = "".join(f"; {m} if its sync computes < {ms:.2f} ms"
                            for m, ms in f[f"contenders_{kind}"].items())
       lines.append(f"| {f['link']} | {f['p']} | " + " | ".join(cells) +

@@ -114,6 +114,24 @@ def test_steps_against_p_without_a_projection(runs, capsys):
     scale.main(["--runs", str(runs), "--projection", str(runs)])
 
 
+def test_the_density_rule_is_projected_at_its_density_for_p(tmp_path):
+  """``spardl:density=auto`` at P = 16 sends at the rule's 2.5 % * log2 16 / log2 8 = 3.33 %,
+  and the best-density table names it by the rule."""
+  write_run(tmp_path / "s0_p16", 16, 0, [
+      ("dense", "dense", {}, [0.5, 0.9, 0.95, 0.96]),
+      ("spardl", "spardl", {"density": 0.01, "wire": "exact"}, [0.4, 0.8, 0.9, 0.95]),
+      ("spardl:density=auto", "spardl", {"density": "auto", "wire": "exact"},
+       [0.5, 0.95, 0.96, 0.96])])
+  steps = scale.steps_table(scale.load_runs([str(tmp_path)]), 0.98)
+  times = scale.time_rows(steps, PROJECTION, SHAPES)
+  (auto,) = [r for r in times if r["label"] == "spardl:density=auto"]
+  assert auto["seconds"] == pytest.approx(20 * spardl(16, 0.025 * 4 / 3), rel=1e-9)
+  firsts = scale.first_rows(times)
+  assert firsts[0]["best"]["spardl"] == (pytest.approx(auto["seconds"]), "auto")
+  text = scale.report(steps, times, firsts, fraction=0.98, title="case")
+  assert f"| 10gbe | 16 | {30 * dense(16):.2f} | {auto['seconds']:.2f} @auto |" in text
+
+
 def test_bad_flags(runs, tmp_path, capsys):
   with pytest.raises(SystemExit):
     scale.main(["--runs", str(tmp_path / "none"), "--projection", str(tmp_path),
