@@ -18,11 +18,11 @@ milliseconds, e.g. from ``spardl-bench --emulate`` on the target GPU), taken as 
 of ``P``; ``t_compute`` the model's forward and backward (``--step-ms``). Communication is not
 overlapped with the backward pass. ``burst`` is a token bucket's depth: 0 for a real link,
 the bytes a ``tc tbf`` shaper lets through at once for the emulated network (its run records
-it: netbench's 16 KiB; 4 MiB in runs from before it recorded one).
+it per rate: netbench's is rate / HZ; 4 MiB in runs from before it recorded one).
 
-``--validate`` checks the model against a ``spardl-netbench`` run that timed every method
-unshaped and shaped: the unshaped time is the measured ``c`` (compute plus the software's
-per-round latency), and each shaped time is predicted from it with nothing fitted.
+``--validate`` checks the model against a ``python -m benchmarks.netbench`` run that timed
+every method unshaped and shaped: the unshaped time is the measured ``c`` (compute plus the
+software's per-round latency), and each shaped time is predicted from it with nothing fitted.
 """
 
 from __future__ import annotations
