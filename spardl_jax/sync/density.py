@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 
 from spardl_jax.core.config import check_number
 
-__all__ = ['AUTO', 'DensityRule', 'density_rule', 'is_rule', 'at_devices']
+__all__ = ['AUTO', 'DensityRule', 'density_rule', 'as_rule', 'at_devices']
 
 AUTO = "auto"
 
@@ -70,9 +69,12 @@ def density_rule(base: float = 0.025, *, at: int = 8, most: float = 0.1) -> Dens
   return DensityRule(base, at, most)
 
 
-def is_rule(density) -> bool:
-  """Whether ``density`` is picked from the devices: a :class:`DensityRule` or ``"auto"``."""
-  return isinstance(density, DensityRule) or (isinstance(density, str) and density == AUTO)
+def as_rule(density) -> DensityRule | None:
+  """The rule ``density`` names: a :class:`DensityRule` as it is, ``"auto"`` the default
+  rule; None for a fixed density (or anything else)."""
+  if isinstance(density, DensityRule):
+    return density
+  return density_rule() if isinstance(density, str) and density == AUTO else None
 
 
 def at_devices(density, p: int | None, who: str):
@@ -81,10 +83,10 @@ def at_devices(density, p: int | None, who: str):
   if isinstance(density, str) and density != AUTO:
     raise ValueError(f"{who}: density must be a number in (0, 1], {AUTO!r} or a "
                      f"density_rule(...), got {density!r}.")
-  if not is_rule(density) or isinstance(density, numbers.Real):
+  rule = as_rule(density)
+  if rule is None:
     return density
   if p is None:
     raise ValueError(f"{who}: density={density!r} is picked from the number of devices; "
                      f"give p= (the devices of the data axis).")
-  rule = density_rule() if density == AUTO else density
   return rule(p)

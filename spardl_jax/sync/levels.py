@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from spardl_jax.core.config import check_number
 from spardl_jax.core.protocol import AllReduce
 from spardl_jax.sync import methods
-from spardl_jax.sync.density import DensityRule, density_rule, is_rule
+from spardl_jax.sync.density import DensityRule, as_rule
 
 __all__ = ['DensitySchedule', 'Level', 'build', 'bind', 'density_warmup']
 
@@ -86,7 +86,7 @@ def build(method: str, options: dict[str, Any], *, warmup_steps: int) -> list[Le
   warmup_steps = check_number("", "warmup_steps", warmup_steps, "an int >= 0",
                               integral=True, accept=lambda w: w >= 0)
   density = options.get("density")
-  rule = (density_rule() if isinstance(density, str) else density) if is_rule(density) else None
+  rule = as_rule(density)
   schedule = ([(0, density)] if density is None or isinstance(density, numbers.Real) or rule
               else _check_schedule(density))
   levels = [Level(0, methods.make("dense"), True, 1.0)] if warmup_steps else []

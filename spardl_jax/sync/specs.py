@@ -109,15 +109,14 @@ def leaf_specs(tree, param_specs=None) -> list[PartitionSpec]:
   if len(specs) != len(leaves):
     raise ValueError(f"param_specs has {len(specs)} entries, but the parameters have "
                      f"{len(leaves)} leaves; give one PartitionSpec (or None) per leaf.")
-  paths = [jax.tree_util.keystr(path) or "params"
-           for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  for path, x, spec in zip(paths, leaves, specs):
+  for (path, x), spec in zip(jax.tree_util.tree_flatten_with_path(tree)[0], specs):
     own, shown = _own_layout(x)
     if own is not None and _over(spec, shown) != _over(own.spec, shown):
       raise ValueError(
-          f"param_specs gives parameter {path} the layout {spec}, but it is sharded "
-          f"{own.spec}; give the specs the arrays have, or leave param_specs out where the "
-          f"arrays show their layout (placed arrays, Explicit mesh axes).")
+          f"param_specs gives parameter {jax.tree_util.keystr(path) or 'params'} the layout "
+          f"{spec}, but it is sharded {own.spec}; give the specs the arrays have, or leave "
+          f"param_specs out where the arrays show their layout (placed arrays, Explicit mesh "
+          f"axes).")
   return specs
 
 
