@@ -138,13 +138,27 @@ def run_rates(args) -> None:
     for seed in args.seeds:
       job(seed, "unshaped")
     return
-  with open(os.path.join(args.out, SHAPER_FILE), "w") as f:  # what --report reads back
-    json.dump(netbench.shaper_record(args.rates), f)
+  record_shaper(args.out, args.rates)
   with netbench.network(args.processes) as namespaces:
     for seed in args.seeds:
       for rate in args.rates:
         netbench.shape(namespaces, rate)
         job(seed, rate, host=f"{netbench.SUBNET}.1", prefix=netbench.in_namespace(namespaces))
+
+
+def record_shaper(out: str, rates: list[str]) -> None:
+  """Writes what --report reads back of the shaper: each rate's bucket, keeping those of
+  earlier runs into the same ``out`` (another seed at other rates, say)."""
+  from benchmarks import netbench
+
+  shaper = os.path.join(out, SHAPER_FILE)
+  record = netbench.shaper_record(rates)
+  if os.path.exists(shaper):
+    with open(shaper) as f:
+      record["tbf_burst_bytes"] = {**json.load(f)["tbf_burst_bytes"],
+                                   **record["tbf_burst_bytes"]}
+  with open(shaper, "w") as f:
+    json.dump(record, f)
 
 
 def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, float]:
@@ -155,14 +169,14 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, float]:
   from models import MODELS, create
   from models.registry import abstract_params
   from spardl_jax.sync import methods
-  from train.config import parse_variant
+  from train.config import OPTION_DEFAULTS, parse_variant
 
   shapes = [leaf.shape for leaf in jax.tree.leaves(abstract_params(
       create(CASE["model"], size, num_classes=10), MODELS[CASE["model"]].example))]
   n = sum(math.prod(s) for s in shapes)
   rounds = {}
   for spec in specs:
-    variant = parse_variant(spec, density=0.01, teams=1, sag="auto", residuals="global")
+    variant = parse_variant(spec, **OPTION_DEFAULTS)
     method = methods.make(variant.method, p=p, **variant.options).for_leaves(shapes)
     rounds[spec] = int(method.formula(p=p, n=n, itemsize=4).rounds) / (
         variant.tuning.outer or 1)

@@ -50,3 +50,14 @@ def test_an_outer_loop_is_charged_its_rounds_once_every_h_steps():
   H steps for an outer loop."""
   rounds = time_to_accuracy.rounds_per_step(["dense", "dense:outer=10"], 4, "tiny")
   assert rounds == {"dense": 6, "dense:outer=10": 0.6}
+
+
+def test_the_shapers_record_keeps_the_rates_of_earlier_runs(tmp_path, monkeypatch):
+  """A second seed run later at one rate into the same --out keeps the first run's buckets,
+  which --report and project --validate read back per rate."""
+  from benchmarks import netbench
+  monkeypatch.setattr(netbench, "kernel_hz", lambda: 250)
+  time_to_accuracy.record_shaper(str(tmp_path), ["100mbit", "1gbit", "unshaped"])
+  time_to_accuracy.record_shaper(str(tmp_path), ["100mbit"])
+  assert json.loads((tmp_path / time_to_accuracy.SHAPER_FILE).read_text()) == {
+      "tbf_burst_bytes": {"100mbit": 50_000, "1gbit": 500_000}}
