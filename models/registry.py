@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import bert, lstm, resnet, small, vgg
+from models import bert, gpt, lstm, resnet, small, vgg
 
 Size = Literal["full", "tiny"]
 SIZES: tuple[str, ...] = typing.get_args(Size)
@@ -102,6 +102,9 @@ MODELS: dict[str, ModelSpec] = {
                       paper=Paper(133.5e6, 592_130, "BERT-base with an untied MLM output "
                                                     "layer; the next-sentence head (592,130) "
                                                     "is left out")),
+    "gpt": ModelSpec(gpt.GPT, dict(),
+                     dict(vocab_size=256, hidden=32, layers=2, heads=2, ffn=64, max_len=128,
+                          dropout_rate=0.0), ("corpus",), ((128,), np.int32), objective="lm"),
     "cnn1d": ModelSpec(small.CNN1D, dict(), dict(features=(8, 8), hidden=16), ("signal",),
                        ((40,), np.float32)),
     "mlp": ModelSpec(small.MLP, dict(hidden=(128,)), dict(hidden=(16,)),

@@ -12,7 +12,7 @@ from train import main
 # Our exact full-size counts (the paper's, and why they differ, are in MODELS[name].paper).
 FULL = {"vgg11": 9_225_281, "vgg16": 14_724_042, "vgg19": 20_081_188, "resnet20": 272_474,
         "resnet50": 25_557_032, "lstm_imdb": 35_170_306, "lstm_ptb": 66_022_000,
-        "bert": 132_955_194, "cnn1d": 73_418, "mlp": 9_610,
+        "bert": 132_955_194, "gpt": 124_439_808, "cnn1d": 73_418, "mlp": 9_610,
         "mlp_wide": 4_349_962}
 
 

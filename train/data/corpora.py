@@ -73,7 +73,7 @@ def corpus_objective(name: str, req: Request) -> str:
   """The objective a corpus is trained with: the model's (next-token or masked)."""
   if req.objective not in ("lm", "mlm"):
     raise ValueError(f"--dataset {name} is a text corpus: it trains language models "
-                     f"(--model lstm_ptb or bert).")
+                     f"(--model lstm_ptb, gpt or bert).")
   return req.objective
 
 
