@@ -4,7 +4,8 @@ The package is layered; dependencies point one way:
 
 * :mod:`spardl_jax.core` — the SparDL algorithm (layout, SRS, SAG, Bruck, GRES, costs) and
   the all-reduce protocol with its registry;
-* :mod:`spardl_jax.baselines` — the competitors (dense, TopkA, TopkDSA, gTopk, Ok-Topk);
+* :mod:`spardl_jax.baselines` — the competitors (dense, TopkA, TopkDSA, gTopk, Ok-Topk,
+  PowerSGD, SparseLoCo);
 * :mod:`spardl_jax.sync` — the method registry by name, the optax transformation and its
   stages, where parameter specs come from, and where optimizer state lives on the mesh;
 * :mod:`spardl_jax.parallel` — multi-process setup, per-process batch rows, the launcher;
@@ -29,7 +30,7 @@ from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
                                            opt_state_shardings, opt_state_specs,
                                            sync_state_filter)
 from spardl_jax.sync.methods import sharded_allreduce
-from spardl_jax.sync.outer import DiLoCoState, diloco, replica_params
+from spardl_jax.sync.outer import DiLoCoState, diloco, replica_params, sparseloco
 from spardl_jax.sync.placement import fold_rules
 from spardl_jax.sync.specs import use_param_specs
 from spardl_jax.sync.state import SyncState, SyncStats, sync_stats
@@ -67,6 +68,7 @@ __all__ = (
     "sharded_allreduce",
     "spardl",
     "spardl_allreduce",
+    "sparseloco",
     "sync_gradients",
     "sync_state_filter",
     "sync_stats",

@@ -151,3 +151,49 @@ def dense_bf16(xs):
                + total.astype(np.float32)).astype(bf16)
     out[j] = total
   return out.reshape(-1)[:n].astype(np.float32)
+
+
+def chunks_of(size, chunk):
+  """(chunk length, chunks): as few chunks as fit, of nearly equal length."""
+  count = -(-size // chunk)
+  return -(-size // count), count
+
+
+def sparseloco_quantize(values, bits, sigmas):
+  """Codes and decoded values: centred on the mean, bins of sigmas * std / 2^bits, each bin
+  decoded to the mean of its values."""
+  bins = 2 ** bits
+  mean = values.mean()
+  centred = values - mean
+  std = np.sqrt((centred ** 2).sum() / max(len(values) - 1, 1))
+  scale = sigmas * std / bins
+  scale = scale if scale > 0 else 1.0
+  codes = np.clip(np.round(centred / scale) + bins // 2, 0, bins - 1).astype(int)
+  table = np.array([centred[codes == b].mean() if (codes == b).any() else 0.0
+                    for b in range(bins)])
+  return codes, mean + table[codes]
+
+
+def sparseloco(xs, rs, shapes, density, chunk, bits, sigmas=6.0):
+  """One aggregation of P workers: (y, new residuals)."""
+  p, n = xs.shape
+  g = xs.astype(np.float64) + rs
+  y = np.zeros(n)
+  new_rs = g.copy()
+  for w in range(p):
+    start = 0
+    for shape in shapes:
+      size = math.prod(shape)
+      c, count = chunks_of(size, chunk)
+      k = min(c, max(1, math.ceil(density * c)))
+      leaf = np.zeros(c * count)
+      leaf[:size] = g[w, start:start + size]
+      chosen = np.concatenate([topk_offsets(leaf[j * c:(j + 1) * c], k) + j * c
+                               for j in range(count)])
+      values = leaf[chosen]
+      sent = values if bits is None else sparseloco_quantize(values, bits, sigmas)[1]
+      real = chosen < size
+      y[start + chosen[real]] += sent[real]
+      new_rs[w, start + chosen[real]] -= sent[real]
+      start += size
+  return y / p, new_rs

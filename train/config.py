@@ -53,6 +53,7 @@ class Tuning(NamedTuple):
   outer: int | None = None           # DiLoCo's H: inner steps per synced outer step (0: off)
   outer_lr: float | None = None      # the outer Nesterov step's rate (default --outer-lr)
   outer_momentum: float | None = None  # its momentum (default --outer-momentum)
+  decay: float | None = None         # SparseLoCo's error-feedback decay (residual_decay)
 
   def given(self) -> dict[str, Any]:
     """The keys set, by name."""
@@ -78,7 +79,8 @@ TUNING: dict[str, Rule] = {
     "warmup": _AT_LEAST_0, "ramp": _AT_LEAST_0, "momentum": _UNIT,
     "masking": Rule(int, "0 or 1", lambda v: v in (0, 1)), "clip": _POSITIVE, "lr": _POSITIVE,
     "opt_momentum": _UNIT, "freeze": Rule(int, ">= 1", lambda v: v >= 1),
-    "outer": _AT_LEAST_0, "outer_lr": _POSITIVE, "outer_momentum": _UNIT}
+    "outer": _AT_LEAST_0, "outer_lr": _POSITIVE, "outer_momentum": _UNIT,
+    "decay": Rule(float, "in [0, 1]", lambda v: 0 <= v <= 1)}
 assert tuple(TUNING) == Tuning._fields, "a rule for every tuning key"
 
 

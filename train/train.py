@@ -149,6 +149,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     and AdamW's ``b1`` is 0;
   * ``freeze`` (AdamW): the second moment stops after that many steps
     (:func:`spardl_jax.scale_by_frozen_adam`), decoupled weight decay as AdamW's.
+  * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
+    with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop.
 
   ``cfg.lr_schedule='cosine'`` decays the rate to 0 over the run. ``specs`` are the
   parameters' specs on a mesh of several axes (:func:`param_specs`), for the sync.
@@ -189,7 +191,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   sync = sj.sync_gradients(variant.method, axis_name=cfg.axis_name, warmup_steps=warmup,
                            momentum=tuning.momentum,
                            momentum_masking=tuning.masking != 0,
-                           clip_norm=tuning.clip, param_specs=specs, **options)
+                           clip_norm=tuning.clip, residual_decay=tuning.decay,
+                           param_specs=specs, **options)
   if tuning.outer:
     outer = optax.sgd(tuning.outer_lr, momentum=tuning.outer_momentum or None,
                       nesterov=bool(tuning.outer_momentum))

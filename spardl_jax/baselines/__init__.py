@@ -1,8 +1,9 @@
 """The competitors of the paper, each registered as an all-reduce on import.
 
-``dense`` (``pmean``), ``dense_bf16`` (``pmean`` in bfloat16), ``topka`` (all-gather of local top-k), ``topkdsa`` (SparCML's
-split-reduce-gather), ``gtopk`` (tree merge), ``oktopk`` (Ok-Topk) and ``powersgd`` (low-rank, per
-leaf; it binds the leaf shapes with ``for_leaves``). They share the sparse
+``dense`` (``pmean``), ``dense_bf16`` (``pmean`` in bfloat16), ``topka`` (all-gather of local
+top-k), ``topkdsa`` (SparCML's split-reduce-gather), ``gtopk`` (tree merge), ``oktopk``
+(Ok-Topk), ``powersgd`` (low-rank) and ``sparseloco`` (chunked top-k, 2-bit values,
+all-gathered); the last two work per leaf and bind the leaf shapes with ``for_leaves``. They share the sparse
 maths of :mod:`spardl_jax.core.sparse` and the helpers of :mod:`.common`; SparDL's core
 knows nothing of them.
 """

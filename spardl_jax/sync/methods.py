@@ -28,7 +28,8 @@ from spardl_jax.core.nonfinite import NonFinite, any_device, check_policy, skip_
 from spardl_jax.core.protocol import AllReduce
 from spardl_jax.sync.density import AUTO, at_devices
 
-__all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'parse_density', 'split_spec',
+__all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'parse_density',
+           'parse_int_or_none', 'split_spec',
            'parse', 'make', 'describe', 'init_rows', 'abstract_rows', 'sharded',
            'sharded_allreduce']
 
@@ -67,6 +68,11 @@ def parse_density(text: str):
   return text if text == AUTO else float(text)
 
 
+def parse_int_or_none(text: str):
+  """An option that is an int or None from text: ``'none'`` for None."""
+  return None if text.lower() == "none" else int(text)
+
+
 def _option_types() -> dict[str, Callable[[str], Any]]:
   """How ``key=value`` text becomes each registered config's option."""
   types: dict[str, Callable[[str], Any]] = {}
@@ -75,7 +81,8 @@ def _option_types() -> dict[str, Callable[[str], Any]]:
       kind = field.type if isinstance(field.type, str) else field.type.__name__
       types[field.name] = (parse_teams if field.name == "teams" else
                            parse_density if field.name == "density" else
-                           int if kind == "int" else float if kind == "float" else str)
+                           int if kind == "int" else float if kind == "float" else
+                           parse_int_or_none if kind == "int | None" else str)
   return types
 
 

@@ -34,8 +34,9 @@ from spardl_jax.core.config import check_number
 from spardl_jax.sync.placement import ParamLayout, state_specs
 from spardl_jax.sync.specs import leaf_specs
 from spardl_jax.sync.state import SyncState, states_in
+from spardl_jax.sync.transform import sync_gradients
 
-__all__ = ['DiLoCoState', 'diloco', 'find_outer', 'replica_params']
+__all__ = ['DiLoCoState', 'diloco', 'sparseloco', 'find_outer', 'replica_params']
 
 
 @jax.tree_util.register_static
@@ -198,6 +199,50 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
                                outer_state, state.period)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def sparseloco(inner: optax.GradientTransformation, *, every: int, density: float = 0.03,
+               decay: float = 0.95, lr: float = 1.0, method: str = "sparseloco",
+               **sync_options) -> optax.GradientTransformationExtraArgs:
+  """SparseLoCo's outer loop: ``every`` local steps of ``inner``, then each replica's
+  pseudo-gradient added to its decayed error feedback (``e <- decay e + delta``), the
+  compressed part of ``e`` averaged, and a plain outer step ``-lr * mean``: no outer
+  momentum (the decayed accumulator stands in for it).
+
+  That is :func:`diloco` with ``sync_gradients(method, density=density,
+  residual_decay=decay, **sync_options)`` and ``outer=optax.sgd(lr)``. The default
+  ``method`` is SparseLoCo's own aggregation (chunked top-k, 2-bit values, every selection
+  gathered: :mod:`spardl_jax.baselines.sparseloco`); ``method="spardl"`` puts SparDL's
+  sync under the same rule (its result keeps about ``k`` entries, not their union).
+
+  Example:
+
+    >>> import jax, jax.numpy as jnp, optax, spardl_jax as sj
+    >>> mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])
+    >>> tx = sj.sparseloco(optax.adamw(1e-3), every=30, density=0.02)
+    >>> state = sj.init_opt_state(tx, {"w": jnp.zeros((100, 10))}, mesh)
+    >>> state.sync.method_state.residual.shape
+    (8, 1000)
+
+  Args:
+    inner: the optimizer of the inner steps (DiLoCo's and SparseLoCo's: AdamW).
+    every: inner steps per outer step (``H``).
+    density: fraction of each chunk (SparDL: of each block) sent, in (0, 1].
+    decay: the error feedback's decay ``beta`` in [0, 1].
+    lr: the outer step's rate (> 0).
+    method: the registered method that averages the compressed accumulator.
+    **sync_options: the method's other options (``chunk``, ``bits`` for SparseLoCo's;
+      ``wire`` for SparDL's) and :func:`~spardl_jax.sync_gradients`' (``axis_name``, ...).
+
+  References:
+    Sarfi, Thérien, Lidin, Belilovsky, "Communication Efficient LLM Pre-training with
+    SparseLoCo", arXiv 2508.15706 (Algorithm 1: the decayed error feedback in place of
+    DiLoCo's outer Nesterov momentum).
+  """
+  check_number("sparseloco", "lr", lr, "a finite number > 0",
+               accept=lambda a: 0 < a < float("inf"))
+  sync = sync_gradients(method, density=density, residual_decay=decay, **sync_options)
+  return diloco(inner, sync, every=every, outer=optax.sgd(lr))
 
 
 def _placed_like_the_sync(state: DiLoCoState, params) -> DiLoCoState:

@@ -5,7 +5,8 @@
 1. :func:`check_state`: the state is this sync's, for gradients of these leaves;
 2. :func:`local_gradient`: DGC's local clipping and momentum correction;
 3. :func:`run_level`: the method of the current level (dense warm-up, a density of the
-   schedule) all-reduces the flat vector, chosen by the step count with ``lax.switch``;
+   schedule) all-reduces the flat vector, chosen by the step count with ``lax.switch``
+   (after decaying the residual, where ``residual_decay`` asks);
 4. :func:`agree_on_nonfinite`: DGC's momentum factor masking, and the non-finite guard every
    device agrees on;
 5. :func:`next_stats`: this sync's :class:`~spardl_jax.SyncStats`;
@@ -61,10 +62,14 @@ class SyncOptions:
   clip_norm: float | None = None
   param_specs: Any = None
   local_axis: str | None = None
+  residual_decay: float | None = None
 
   def __post_init__(self):
     who = "sync_gradients"
     nonfinite_policy.check_policy(who, self.nonfinite)
+    if self.residual_decay is not None:
+      check_number(who, "residual_decay", self.residual_decay, "None or a number in [0, 1]",
+                   accept=lambda b: 0 <= b <= 1)
     if self.momentum is not None:
       check_number(who, "momentum", self.momentum, "None or a number in [0, 1)",
                    accept=lambda m: 0 <= m < 1)
@@ -214,7 +219,13 @@ def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncStat
     return jnp.broadcast_to(a[None], (lead, *a.shape))
 
   velocity = None if options.momentum is None else jnp.zeros((lead, n), dtype)
-  return SyncState(jax.tree.map(rows, fresh_state(options, bound, n, dtype, p)), velocity,
+  fresh = fresh_state(options, bound, n, dtype, p)
+  if options.residual_decay is not None and protocol.residual(fresh) is None:
+    raise ValueError(f"sync_gradients: residual_decay={options.residual_decay} decays the "
+                     f"error feedback, but {options.method!r} keeps none; use a method with "
+                     f"a residual (spardl, topka, sparseloco, powersgd, ...) or drop "
+                     f"residual_decay.")
+  return SyncState(jax.tree.map(rows, fresh), velocity,
                    jnp.zeros((lead,), jnp.int32), SyncStats.zeros(lead), _shapes(floats))
 
 
@@ -266,9 +277,15 @@ def local_gradient(options: SyncOptions, flat, old_velocity, p: int):
   return velocity, velocity
 
 
-def _run_one(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, axis_name):
+def _run_one(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, axis_name,
+             decay: float | None):
   """One level's sync of ``x``: ``(y, new_local, bytes_sent, h)``, typed alike for every
-  level so that ``lax.switch`` can choose among them."""
+  level so that ``lax.switch`` can choose among them. ``decay`` scales the residual first
+  (SparseLoCo's ``e <- beta e + delta``); the state a skipped step restores is the one
+  before it."""
+  owed = protocol.residual(local)
+  if decay is not None and owed is not None:  # init refused a decay without a residual
+    local = local._replace(residual=jnp.asarray(decay * owed, owed.dtype))
   if level.dense:  # deliver the residual's mass too, and empty it
     owed = protocol.residual(local)
     y, _ = level.allreduce.apply(x if owed is None else x + owed, (), axis_name=axis_name)
@@ -286,7 +303,8 @@ def run_level(options: SyncOptions, trace: Trace, x, local, count):
   """Stage 3: the level of sync ``count`` runs (``lax.switch`` among compiled levels):
   ``(y, new_local, bytes_sent, h, level index, local as the level saw it)``."""
   run = functools.partial(_run_one, n=trace.layout.n, p=trace.p,
-                          itemsize=np.dtype(trace.dtype).itemsize, axis_name=options.axis_name)
+                          itemsize=np.dtype(trace.dtype).itemsize, axis_name=options.axis_name,
+                          decay=options.residual_decay)
   if len(trace.levels) == 1:
     return (*run(trace.levels[0], x, local), jnp.zeros((), jnp.int32), local)
   starts = np.array([level.start for level in trace.levels])

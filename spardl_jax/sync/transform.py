@@ -25,7 +25,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    axis_size: int | None = None, nonfinite: NonFinite = "skip",
                    warmup_steps: int = 0, momentum: float | None = None,
                    momentum_masking: bool = True, clip_norm: float | None = None,
-                   param_specs=None, local_axis: str | None = None,
+                   residual_decay: float | None = None, param_specs=None,
+                   local_axis: str | None = None,
                    **options) -> optax.GradientTransformationExtraArgs:
   """Synchronizes gradients across ``axis_name`` with the all-reduce ``method``.
 
@@ -61,8 +62,15 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     ``c / sqrt(P)`` (DGC's local clipping: the mean of ``P`` such gradients has norm at most
     ``c / sqrt(P)`` under independence, about what a global clip at ``c`` allows the sum).
 
+  * ``residual_decay=beta`` (SparseLoCo's decayed error feedback): each device scales its
+    residual by ``beta`` before adding the new gradient (``e <- beta e + g``), so mass a
+    sync leaves behind fades instead of arriving late in full. In an outer loop
+    (:func:`spardl_jax.diloco`) with a plain outer step it stands in for DiLoCo's outer
+    momentum (SparseLoCo's observation); any method with error feedback takes it.
+
   Whatever is accumulated, the bookkeeping stays exact (for SparDL with global residuals):
-  ``sum(new residuals) + P * y == sum(u (or g) + old residuals)`` up to float rounding.
+  ``sum(new residuals) + P * y == sum(u (or g) + beta * old residuals)`` up to float
+  rounding (``beta = 1`` without ``residual_decay``).
 
   **Sharded models.** On a mesh of several axes the sync reduces over ``axis_name`` only,
   and the parameters may be sharded over the other axes (FSDP, tensor parallelism): each
@@ -104,6 +112,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     momentum: DGC momentum correction factor in [0, 1), or None (off).
     momentum_masking: DGC momentum factor masking (with ``momentum``).
     clip_norm: DGC local gradient clipping threshold (> 0), or None (off).
+    residual_decay: SparseLoCo's error-feedback decay ``beta`` in [0, 1], or None (1: the
+      residual kept whole).
     local_axis: a second data axis reduced densely inside each host around the method
       (see "Hierarchical sync"), or None.
     param_specs: the parameters' ``PartitionSpec`` s over the mesh (a pytree of the
@@ -130,12 +140,14 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
     Distributed Training", ICLR 2018 (momentum correction, factor masking, local clipping,
     warm-up). Vogels et al., "PowerSGD", NeurIPS 2019 (dense start, ``start_powerSGD_iter``).
+    Sarfi et al., "Communication Efficient LLM Pre-training with SparseLoCo", arXiv
+    2508.15706 (the decayed error feedback).
   """
   config = stages.SyncOptions(
       method, tuple(levels.build(method, options, warmup_steps=warmup_steps)),
       axis_name=axis_name, axis_size=axis_size, nonfinite=nonfinite, momentum=momentum,
       momentum_masking=momentum_masking, clip_norm=clip_norm, param_specs=param_specs,
-      local_axis=local_axis)
+      local_axis=local_axis, residual_decay=residual_decay)
 
   def init_fn(params):
     return stages.init(config, params)
@@ -176,7 +188,7 @@ def spardl(*, density: float | levels.DensitySchedule | str | DensityRule = 0.01
       ``residuals``, ``wire``, ``alpha``, ``beta``; their defaults are its) and the options
       of :func:`sync_gradients` (``axis_name``, ``axis_size``, ``nonfinite``, and the
       convergence options ``warmup_steps``, ``momentum``, ``momentum_masking``,
-      ``clip_norm``). Each is defined, and documented, once, there.
+      ``clip_norm``, ``residual_decay``). Each is defined, and documented, once, there.
 
   Returns:
     An ``optax.GradientTransformation`` (state :class:`~spardl_jax.SyncState`).

@@ -1,6 +1,7 @@
 """The convergence options of the sync (dense warm-up, density schedule, DGC's momentum
-correction, factor masking and local clipping) against NumPy models built on the SparDL
-reference, conservation with every option on, and a jit cache bounded by the levels."""
+correction, factor masking and local clipping, SparseLoCo's residual decay) against NumPy
+models built on the SparDL and TopkA references, conservation with every option on, and a
+jit cache bounded by the levels."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +9,7 @@ import optax
 import pytest
 
 import spardl_jax as sj
-from tests import formulas, harness, reference
+from tests import formulas, harness, reference, reference_baselines
 
 N = 300
 
@@ -38,12 +39,15 @@ def clipped(g, clip, p):
   return g * np.minimum(1.0, clip / np.sqrt(p) / np.maximum(norms, 1e-30))
 
 
-def model(grads_per_step, *, p, density, warmup=0, momentum=None, masking=True, clip=None):
+def model(grads_per_step, *, p, density, warmup=0, momentum=None, masking=True, clip=None,
+          decay=None):
   """The NumPy model: ``density`` is a number or [(step, density), ...]."""
   schedule = [(0, density)] if np.isscalar(density) else density
   rs = np.zeros((p, N), np.float32)
   u = np.zeros((p, N), np.float32)
   for step, g in enumerate(grads_per_step):
+    if decay is not None:
+      rs = (decay * rs).astype(np.float32)
     if clip is not None:
       g = clipped(g, clip, p).astype(np.float32)
     if momentum is not None:
@@ -151,25 +155,56 @@ OPTIONS = {
     "momentum": dict(momentum=0.9),
     "momentum, no masking": dict(momentum=0.5, momentum_masking=False),
     "clipping": dict(clip_norm=2.0),
-    "all": dict(warmup_steps=1, density=[(0, 0.2), (2, 0.05)], momentum=0.9, clip_norm=2.0),
+    "residual decay": dict(residual_decay=0.8),
+    "all": dict(warmup_steps=1, density=[(0, 0.2), (2, 0.05)], momentum=0.9, clip_norm=2.0,
+                residual_decay=0.9),
 }
 
 
 @pytest.mark.parametrize("name,p", [(name, 8) for name in OPTIONS] + [("all", 5)])
 def test_conservation_with_each_option(name, p):
-  """sum(new residuals) + P y == sum(accumulated + old residuals), the accumulated being
-  the clipped gradient or the velocity before masking (from the model, independently)."""
+  """sum(new residuals) + P y == sum(accumulated + decayed old residuals), the accumulated
+  being the clipped gradient or the velocity before masking (from the model,
+  independently)."""
   options = {"density": 0.05, **OPTIONS[name]}
   momentum = options.get("momentum")
   grads = rows(np.random.default_rng(p), p, 5)
   rs = np.zeros((p, N))
   model_options = dict(p=p, density=options["density"], warmup=options.get("warmup_steps", 0),
                        momentum=momentum, masking=options.get("momentum_masking", True),
-                       clip=options.get("clip_norm"))
+                       clip=options.get("clip_norm"), decay=options.get("residual_decay"))
+  decay = options.get("residual_decay", 1.0)
   for (y, new_rs, _, _), (_, _, _, accumulated) in zip(
       run(sj.spardl(**options), grads, p), model(grads, **model_options)):
-    harness.assert_conserved(accumulated, rs, np.broadcast_to(y, (p, N)), new_rs)
+    harness.assert_conserved(accumulated, decay * rs, np.broadcast_to(y, (p, N)), new_rs)
     rs = new_rs
+
+
+@pytest.mark.parametrize("method", ["spardl", "topka"])
+def test_residual_decay_against_the_models(method):
+  """SparseLoCo's e <- beta e + g: each step sees the residual scaled by beta first, for
+  SparDL (with a dense warm-up step, which delivers the decayed residual) and TopkA; a
+  skipped step leaves the residual as it was, undecayed."""
+  p, beta, density = 4, 0.7, 0.05
+  grads = rows(np.random.default_rng(11), p, 4)
+  warmup = 1 if method == "spardl" else 0
+  tx = sj.sync_gradients(method, density=density, residual_decay=beta, warmup_steps=warmup)
+  rs = np.zeros((p, N), np.float32)
+  got = list(run(tx, grads + [np.full((p, N), np.nan, np.float32)], p))
+  if method == "spardl":
+    want = [(y, r) for y, r, _, _ in model(grads, p=p, density=density, warmup=1, decay=beta)]
+  else:
+    want = []
+    for g in grads:
+      y, rs = reference_baselines.topka(g, (beta * rs).astype(np.float32), density)
+      want.append((y, rs))
+  for (y, new_rs, _, _), (want_y, want_rs) in zip(got, want):
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(new_rs, want_rs, rtol=1e-5, atol=1e-6)
+  skipped_y, skipped_rs, _, stats = got[-1]
+  np.testing.assert_array_equal(skipped_y, 0)
+  np.testing.assert_array_equal(skipped_rs, got[-2][1])
+  np.testing.assert_array_equal(stats.nonfinite, 1)
 
 
 def test_levels_compile_once_and_count_their_bytes():
@@ -194,6 +229,12 @@ def test_levels_compile_once_and_count_their_bytes():
 
 
 def test_bad_options_are_named():
+  with pytest.raises(ValueError, match=r"residual_decay must be None or a number in \[0, 1\]"):
+    sj.spardl(residual_decay=1.5)
+  with pytest.raises(ValueError, match="residual_decay=0.9 decays the error feedback, but "
+                                       "'dense' keeps none"):
+    sj.init_opt_state(sj.sync_gradients("dense", residual_decay=0.9), {"w": jnp.zeros((4,))},
+                      harness.mesh(2))
   with pytest.raises(ValueError, match="momentum must be None or a number in"):
     sj.spardl(momentum=1.0)
   with pytest.raises(ValueError, match="momentum_masking must be True or False"):

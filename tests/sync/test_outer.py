@@ -1,6 +1,8 @@
 """The outer loop (DiLoCo): against per-step sync training at H = 1, against a NumPy DiLoCo
-model with a dense and a SparDL outer sync, the pseudo-gradient's conservation, bit-identical
-parameters on every device, its state's layout and folding, and its errors."""
+model with a dense and a SparDL outer sync, the pseudo-gradient's conservation, SparseLoCo's
+outer round (decayed error feedback, chunked top-k, 2-bit values, a plain outer step) against
+its NumPy model, bit-identical parameters on every device, its state's layout and folding,
+and its errors."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +12,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
-from tests import harness, reference
+from tests import harness, reference, reference_baselines
 
 AXIS = harness.AXIS
 N = 7  # one parameter vector: w[:6] weights, w[6] the bias
@@ -155,6 +157,41 @@ def test_sparse_outer_sync_conserves_the_pseudo_gradient():
     params, residual = jnp.asarray(copies[0]), new_residual
 
 
+@pytest.mark.parametrize("method", ["sparseloco", "spardl"])
+def test_sparseloco_rounds_match_the_numpy_model(method):
+  """SparseLoCo's round (Algorithm 1 of its paper) for a loss linear in the parameters:
+  e <- beta e + pseudo; its compressed part averaged over the replicas (SparseLoCo's chunked
+  top-k with 2-bit values, or SparDL under the same rule); e keeps the rest, so
+  e_new + sent == beta e + pseudo; the parameters move by -lr * mean, with no momentum."""
+  p, every, density, beta, lr = 4, 2, 0.3, 0.8, 0.5
+  rng = np.random.default_rng(5)
+  options = {"bits": 2, "chunk": 4} if method == "sparseloco" else {"wire": "exact"}
+  tx = sj.sparseloco(optax.identity(), every=every, density=density, decay=beta, lr=lr,
+                     method=method, **options)
+  step, state = linear_step(tx, p)
+  params = jnp.zeros((N,), jnp.float32)
+  residual = np.zeros((p, N), np.float32)
+  for _ in range(3):
+    cs = [harness.gradients(rng, p, N) for _ in range(every)]
+    for c in cs:
+      copies, state = step(params, state, harness.put_rows(p, c))
+    copies = np.asarray(copies)
+    np.testing.assert_array_equal(copies, np.broadcast_to(copies[0], copies.shape))
+    mean = (np.asarray(params) - copies[0]) / lr
+    pseudo = -np.sum(cs, axis=0)
+    decayed = (beta * residual).astype(np.float32)
+    if method == "sparseloco":  # N = 7: two chunks of 4 and 3 entries, 2 and 1 kept
+      want_y, want_rs = reference_baselines.sparseloco(pseudo, decayed, [(N,)], density, 4, 2)
+    else:
+      want_y, want_rs = reference.spardl(pseudo, decayed, density, wire="exact")
+    new_residual = np.asarray(state.sync.method_state.residual)
+    harness.assert_conserved(pseudo, decayed, mean[None], new_residual)
+    np.testing.assert_allclose(mean, want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(new_residual, want_rs, rtol=1e-5, atol=1e-5)
+    assert not jax.tree.leaves(state.outer)  # a plain outer step keeps no momentum
+    params, residual = jnp.asarray(copies[0]), new_residual
+
+
 def test_state_layout_and_fold_rules():
   """Offsets and the inner state per replica (a leading data axis), the outer state like
   the parameters; a restore onto another replica count averages the offsets."""
@@ -183,6 +220,15 @@ def test_state_layout_and_fold_rules():
 def test_bad_options_are_named(kwargs, match):
   with pytest.raises((ValueError, TypeError), match=match):
     sj.diloco(optax.sgd(0.1), sj.spardl(), **kwargs)
+
+
+def test_sparseloco_bad_options_are_named():
+  with pytest.raises(ValueError, match="sparseloco: lr must be a finite number > 0, got 0"):
+    sj.sparseloco(optax.sgd(0.1), every=3, lr=0)
+  with pytest.raises(ValueError, match=r"residual_decay must be None or a number in \[0, 1\]"):
+    sj.sparseloco(optax.sgd(0.1), every=3, decay=1.2)
+  with pytest.raises(ValueError, match=r"bits must be one of \(2, 4, 8, None\), got 1"):
+    sj.sparseloco(optax.sgd(0.1), every=3, bits=1)
 
 
 def test_a_sync_in_the_wrong_place_is_refused():

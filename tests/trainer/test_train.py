@@ -423,7 +423,16 @@ def test_variant_tuning_and_recipes():
   assert v.method == "spardl" and v.options["density"] == 0.05
   assert v.tuning.given() == {"warmup": 31, "momentum": 0.9}
   assert recipe_tuning("paper", optimizer="sgd", steps_per_epoch=31) == Tuning()
+  # SparseLoCo's outer loop as a spec: its method's options (bits=none: float values), the
+  # decayed error feedback and a plain outer step.
+  loco = parse_variant("sparseloco:density=0.03:bits=none:outer=4:outer_momentum=0:decay=0.9",
+                       density=0.01, teams=1, sag="auto", residuals="global")
+  assert loco.options == {"density": 0.03, "bits": None}
+  assert loco.tuning.given() == {"outer": 4, "outer_momentum": 0.0, "decay": 0.9}
   params = {"w": jnp.zeros((40,))}
+  state = sj.init_opt_state(make_optimizer(TrainConfig(), loco, steps_per_epoch=10), params,
+                            make_mesh(2))
+  assert not jax.tree.leaves(state.outer) and state.sync.method_state.residual.shape == (2, 40)
   mesh = make_mesh(2)
   for recipe in RECIPES:
     for optimizer in ("sgd", "adamw"):

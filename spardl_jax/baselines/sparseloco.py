@@ -1,0 +1,309 @@
+"""SparseLoCo's compressed aggregation: chunked top-k, 2-bit values, every selection gathered.
+
+Each gradient leaf (plus this device's error feedback) is cut into chunks of at most
+``chunk`` entries (a leaf of ``s`` entries into ``ceil(s / chunk)`` chunks of nearly equal
+length ``c``); each chunk keeps its ``k_c = ceil(density c)`` largest ``|value|`` s (ties to
+the lower index), so an index is a position inside its chunk (16 bits) and the selection
+of every chunk is independent. The values kept from one leaf are quantized together to
+``bits`` bits: centred on their mean, cut into ``2^bits`` bins of width
+``sigmas * std / 2^bits`` around it (the outer bins take everything beyond), and each bin
+decodes to the mean of the values that fell in it (a lookup table of ``2^bits`` float32 sent
+with the codes). Every device all-gathers every device's message (Bruck, ``ceil(log2 P)``
+rounds) and adds the ``P`` decoded sparse vectors in worker order: every entry any device
+chose survives (their union), where SparDL's result keeps about ``k`` entries in all.
+
+Each device keeps what it did not send as its error, ``g - decoded`` at the chosen entries
+(the quantization error included) and ``g`` elsewhere, so
+``sum(errors) + P * y == sum(g)`` up to float rounding, as for every method here. SparseLoCo
+decays that error before adding the new pseudo-gradient (``e <- beta e + delta``); here that
+is the sync's ``residual_decay`` option, which any method with error feedback takes.
+
+Chunks follow the leaves, so the method binds the leaf shapes with :meth:`for_leaves` (a
+flat vector unbound is one leaf), as PowerSGD does.
+
+References:
+  Sarfi, Thérien, Lidin, Belilovsky, "Communication Efficient LLM Pre-training with
+  SparseLoCo", arXiv 2508.15706 (chunk-wise top-k of the error-feedback accumulator, 2-bit
+  values, aggregation by gathering every replica's selection); the quantizer (mean shift,
+  a range in standard deviations, bins decoded to their mean) is their code's statistical
+  quantization. The chunk of 4,096 entries is DeMo's 64 x 64 tile in entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spardl_jax.baselines.common import (ResidualState, allgather, check_local, densify,
+                                         init_residual)
+from spardl_jax.core import protocol, topk
+from spardl_jax.core.config import DensityConfig, check_number
+
+__all__ = ['SparseLoCoConfig', 'Piece', 'plan', 'quantize', 'formula', 'SparseLoCo']
+
+BITS = (2, 4, 8, None)  # None: the values as they are, in the gradient's dtype
+_MAX_CHUNK = 1 << 16  # a position inside a chunk fits 16 bits
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SparseLoCoConfig(DensityConfig):
+  """Options of SparseLoCo's aggregation.
+
+  Attributes:
+    density: fraction of each chunk kept, in (0, 1].
+    chunk: most entries of a chunk (an int in [1, 65536]).
+    bits: bits per value sent, one of 2, 4, 8, or None (the values unquantized).
+    sigmas: the quantizer's range in standard deviations of a leaf's values (> 0).
+  """
+
+  chunk: int = 4096
+  bits: int | None = 2
+  sigmas: float = 6.0
+
+  def __post_init__(self):
+    super().__post_init__()
+    who = "SparseLoCoConfig"
+    check_number(who, "chunk", self.chunk, f"an int in [1, {_MAX_CHUNK}]", integral=True,
+                 accept=lambda c: 1 <= c <= _MAX_CHUNK)
+    if self.bits not in BITS or isinstance(self.bits, bool):
+      raise ValueError(f"{who}: bits must be one of {BITS}, got {self.bits!r}.")
+    check_number(who, "sigmas", self.sigmas, "a finite number > 0",
+                 accept=lambda s: 0 < s < math.inf)
+
+
+class Piece(NamedTuple):
+  """One leaf of the flat gradient: where it starts, its entries, its chunks' length and
+  count, and the entries each chunk keeps."""
+
+  start: int
+  size: int
+  chunk: int
+  chunks: int
+  k: int
+
+
+def plan(shapes, config: SparseLoCoConfig) -> list[Piece]:
+  """The leaves of a flat gradient made of ``shapes`` (in order), each cut into chunks of
+  nearly equal length (``ceil(size / chunks)``, so the last is short by fewer entries than
+  there are chunks)."""
+  pieces, start = [], 0
+  for shape in shapes:
+    size = math.prod(shape)
+    if size:
+      chunks = -(-size // config.chunk)
+      c = -(-size // chunks)
+      pieces.append(Piece(start, size, c, chunks, min(c, max(1, math.ceil(config.density * c)))))
+    start += size
+  return pieces
+
+
+def quantize(values: jax.Array, segment: np.ndarray, segments: int, bits: int,
+             sigmas: float) -> tuple[jax.Array, jax.Array]:
+  """``values`` ``(m,)``, each in segment ``segment[i]`` (a leaf), to ``bits``-bit codes and
+  one table per segment that decodes them.
+
+  Returns:
+    ``(codes, tables)``: ``(m,)`` uint32 codes in ``[0, 2^bits)`` and ``(segments, 1 +
+    2^bits)`` float32, each segment's mean then each of its bins' mean offset from it (0
+    for an empty bin); value ``i`` decodes to ``tables[s, 0] + tables[s, 1 + codes[i]]``
+    with ``s = segment[i]``. A NaN or inf among a segment's values makes its mean, and so
+    all its decoded values, non-finite.
+  """
+  bins = 1 << bits
+  of = jnp.asarray(segment)
+  v = values.astype(jnp.float32)
+  count = jnp.zeros((segments,), jnp.float32).at[of].add(1.0)
+  shift = jnp.zeros((segments,), jnp.float32).at[of].add(v) / jnp.maximum(count, 1.0)
+  centred = v - shift[of]
+  var = jnp.zeros((segments,), jnp.float32).at[of].add(centred * centred)
+  scale = sigmas * jnp.sqrt(var / jnp.maximum(count - 1.0, 1.0)) / bins
+  scale = jnp.where((scale > 0) & jnp.isfinite(scale), scale, 1.0)
+  codes = jnp.clip(jnp.round(centred / scale[of]) + bins // 2, 0, bins - 1)
+  codes = jnp.where(jnp.isfinite(codes), codes, 0).astype(jnp.uint32)
+  sums = jnp.zeros((segments, bins), jnp.float32).at[of, codes].add(centred)
+  counts = jnp.zeros((segments, bins), jnp.float32).at[of, codes].add(1.0)
+  table = jnp.where(counts > 0, sums / jnp.maximum(counts, 1.0), 0.0)
+  return codes, jnp.concatenate([shift[:, None], table], axis=1)
+
+
+def _words_of_16(a: jax.Array) -> jax.Array:
+  """uint32 words holding a 16-bit unsigned array two to a word (zero-padded)."""
+  a = jnp.pad(a.astype(jnp.uint32), (0, a.shape[0] % 2)).reshape(-1, 2)
+  return a[:, 0] | (a[:, 1] << 16)
+
+
+def _from_words_of_16(w: jax.Array, m: int) -> jax.Array:
+  return jnp.stack([w & 0xFFFF, w >> 16], axis=1).reshape(-1)[:m]
+
+
+def _pack_codes(codes: jax.Array, bits: int) -> jax.Array:
+  per = 32 // bits
+  codes = jnp.pad(codes, (0, -codes.shape[0] % per)).reshape(-1, per)
+  return jnp.sum(codes << (bits * jnp.arange(per, dtype=jnp.uint32)), axis=1,
+                 dtype=jnp.uint32)  # the fields are disjoint: their sum is their OR
+
+
+def _unpack_codes(w: jax.Array, m: int, bits: int) -> jax.Array:
+  per = 32 // bits
+  fields = (w[:, None] >> (bits * jnp.arange(per, dtype=jnp.uint32))) & ((1 << bits) - 1)
+  return fields.reshape(-1)[:m]
+
+
+def _value_words(values: jax.Array) -> jax.Array:
+  """The values' bits as uint32 words (16-bit floats two to a word)."""
+  if values.dtype.itemsize == 2:
+    return _words_of_16(jax.lax.bitcast_convert_type(values, jnp.uint16))
+  return jax.lax.bitcast_convert_type(values, jnp.uint32).reshape(-1)
+
+
+def _values_from_words(w: jax.Array, m: int, dtype) -> jax.Array:
+  itemsize = np.dtype(dtype).itemsize
+  if itemsize == 2:
+    return jax.lax.bitcast_convert_type(_from_words_of_16(w, m).astype(jnp.uint16), dtype)
+  words = w[:m * itemsize // 4]
+  return jax.lax.bitcast_convert_type(words if itemsize == 4 else words.reshape(m, -1), dtype)
+
+
+class Layout(NamedTuple):
+  """Static tables of one bound method: the chunks grouped by (length, k), each group one
+  batched selection; where every chunk sits in the flat vector; and for each entry a device
+  sends, its chunk and its leaf."""
+
+  groups: tuple[tuple[int, int, int, int], ...]  # (c, k, first chunk, chunks)
+  rows: np.ndarray  # (chunks, longest c) flat positions of each chunk's entries; n: padding
+  row_of: np.ndarray  # (K,) the chunk of each entry sent, in message order
+  leaf_of: np.ndarray  # (K,) its leaf
+  leaves: int
+
+  @property
+  def kept(self) -> int:
+    """K, the entries each device sends."""
+    return int(self.row_of.shape[0])
+
+  def words(self, bits: int | None, itemsize: int) -> int:
+    """uint32 words of one device's message: 16-bit positions, then the values (codes, or
+    the values themselves), then one decoding table per leaf."""
+    k = self.kept
+    if bits is None:
+      return -(-k // 2) + -(-k * itemsize // 4)
+    return -(-k // 2) + -(-k * bits // 32) + self.leaves * (1 + (1 << bits))
+
+
+def layout(pieces: list[Piece], n: int) -> Layout:
+  """The :class:`Layout` of a flat vector of ``n`` entries cut into ``pieces``."""
+  longest = max((piece.chunk for piece in pieces), default=1)
+  by_size: dict[tuple[int, int], list[tuple[np.ndarray, int]]] = {}
+  for i, piece in enumerate(pieces):
+    pos = np.full(piece.chunks * piece.chunk, n, np.int32)
+    pos[:piece.size] = np.arange(piece.start, piece.start + piece.size)
+    by_size.setdefault((piece.chunk, piece.k), []).append((pos.reshape(piece.chunks, -1), i))
+  groups, rows, row_of, leaf_of, first = [], [], [], [], 0
+  for (c, k), parts in by_size.items():
+    groups.append((c, k, first, sum(len(chunk_rows) for chunk_rows, _ in parts)))
+    for chunk_rows, leaf in parts:
+      rows.append(np.pad(chunk_rows, ((0, 0), (0, longest - c)), constant_values=n))
+      row_of.append(np.repeat(np.arange(first, first + len(chunk_rows), dtype=np.int32), k))
+      leaf_of.append(np.full(len(chunk_rows) * k, leaf, np.int32))
+      first += len(chunk_rows)
+  cat = lambda parts, shape: (np.concatenate(parts) if parts  # noqa: E731
+                              else np.zeros(shape, np.int32))
+  return Layout(tuple(groups), cat(rows, (0, longest)), cat(row_of, (0,)),
+                cat(leaf_of, (0,)), len(pieces))
+
+
+def formula(p: int, n: int, config: SparseLoCoConfig, itemsize: int = 4, *,
+            shapes=None) -> protocol.Cost:
+  """Per-device ``rounds`` and ``bytes`` sent: ``ceil(log2 P)`` rounds and ``P - 1``
+  messages (:meth:`Layout.words`) for leaves of ``shapes`` (None: one leaf of ``n``)."""
+  lay = layout(plan(shapes if shapes is not None else ((n,),), config), n)
+  return protocol.Cost((p - 1).bit_length(), (p - 1) * 4 * lay.words(config.bits, itemsize))
+
+
+@protocol.register
+@dataclasses.dataclass(frozen=True)
+class SparseLoCo:
+  """SparseLoCo's chunked top-k with low-bit values, all-gathered, as a registered
+  all-reduce (options: :class:`SparseLoCoConfig`)."""
+
+  name: ClassVar[str] = "sparseloco"
+  summary: ClassVar[str] = "chunked top-k, 2-bit values, all-gather (SparseLoCo)"
+  Config: ClassVar[type] = SparseLoCoConfig
+  nonfinite_reaches_result: ClassVar[bool] = True  # a NaN is selected, then every value is
+  sparse: ClassVar[bool] = True
+  leafwise: ClassVar[bool] = True
+  config: SparseLoCoConfig
+  shapes: tuple | None = None
+
+  def paper_cost(self, *, p: int, n: int, k: int) -> None:
+    """Not in the paper."""
+    del p, n, k
+
+  def for_leaves(self, shapes) -> "SparseLoCo":
+    """This method for a gradient of these leaf shapes (flattened in order)."""
+    return dataclasses.replace(self, shapes=tuple(tuple(int(d) for d in s) for s in shapes))
+
+  def _shapes(self, n: int):
+    shapes = self.shapes if self.shapes is not None else ((n,),)
+    if sum(math.prod(s) for s in shapes) != n:
+      raise ValueError(f"sparseloco: the leaf shapes {shapes} hold "
+                       f"{sum(math.prod(s) for s in shapes)} entries, the gradient {n}.")
+    return shapes
+
+  def init(self, *, n: int, dtype, p: int) -> ResidualState:
+    self._shapes(n)
+    return init_residual(n, p, self.config, dtype)
+
+  def apply(self, x, state, *, axis_name):
+    check_local("sparseloco", x, state.residual)
+    n, dtype, bits = x.shape[0], x.dtype, self.config.bits
+    lay = layout(plan(self._shapes(n), self.config), n)
+    g = x + state.residual
+    padded = jnp.concatenate([g, jnp.zeros((1,), dtype)])  # position n: a zero slot
+    at, values = [], []
+    for c, k, first, count in lay.groups:
+      chosen, kept = topk.block_topk(padded[lay.rows[first:first + count, :c]],
+                                     jnp.arange(count, dtype=jnp.int32), k,
+                                     topk.chunk_size(c, k))
+      at.append(chosen.reshape(-1))
+      values.append(kept.reshape(-1))
+    at, values = jnp.concatenate(at), jnp.concatenate(values)  # in Layout.row_of's order
+    words = [_words_of_16(at)]
+    if bits is None:
+      words.append(_value_words(values))
+    else:
+      codes, tables = quantize(values, lay.leaf_of, lay.leaves, bits, self.config.sigmas)
+      words += [_pack_codes(codes, bits),
+                jax.lax.bitcast_convert_type(tables, jnp.uint32).reshape(-1)]
+    message = jnp.concatenate(words)
+    # What this device sent, as every receiver decodes it: its error keeps the rest.
+    pos, sent = self._read(message, lay, dtype)
+    received = allgather(message[None], axis_name)
+    got = jax.vmap(lambda row: self._read(row, lay, dtype))(received)
+    y = densify(n, *got, dtype) / jax.lax.axis_size(axis_name)
+    return y, ResidualState(g.at[pos].add(-sent, mode="drop"))
+
+  def _read(self, row, lay: Layout, dtype) -> tuple[jax.Array, jax.Array]:
+    """``(positions, values)`` ``(K,)`` of one message (position ``n``: padding)."""
+    k, bits = lay.kept, self.config.bits
+    split = -(-k // 2)
+    at = _from_words_of_16(row[:split], k).astype(jnp.int32)
+    pos = jnp.asarray(lay.rows)[lay.row_of, at]
+    rest = row[split:]
+    if bits is None:
+      return pos, _values_from_words(rest, k, dtype)
+    split = -(-k * bits // 32)
+    codes = _unpack_codes(rest[:split], k, bits)
+    tables = jax.lax.bitcast_convert_type(rest[split:], jnp.float32).reshape(lay.leaves, -1)
+    return pos, (tables[lay.leaf_of, 0] + tables[lay.leaf_of, 1 + codes]).astype(dtype)
+
+  def formula(self, *, p: int, n: int, itemsize: int) -> protocol.Cost:
+    return formula(p, n, self.config, itemsize, shapes=self._shapes(n))
+
+  def stats(self, *, n: int, p: int, itemsize: int, state, rank):
+    del state, rank
+    return self.formula(p=p, n=n, itemsize=itemsize).bytes, 0
