@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The emulated-network figures of benchmarks/results/network.md with every byte paced (netbench's
-# 16 KiB token bucket), as root: one sync of every method at 4 and 8 processes (unshaped,
-# 1 Gbit/s, 100 Mbit/s) checked against the projection, then time to accuracy at 8 processes
-# over three seeds. Nothing else may run on the machine meanwhile: the processes share its cores.
+# token bucket holds one timer tick of the rate, `netbench.tbf_burst`), as root: one sync of
+# every method at 4 and 8 processes (unshaped, 1 Gbit/s, 100 Mbit/s) checked against the
+# projection, then time to accuracy at 8 processes over three seeds. Nothing else may run on
+# the machine meanwhile: the processes share its cores.
 set -eu
 cd "$(dirname "$0")/../.."
 out=${1:-benchmarks/results/network}
