@@ -14,3 +14,25 @@ python -m benchmarks.convergence --cases mnist1d_cnn1d --variants wire --seeds 0
     --out benchmarks/results/outer/mnist1d_wire
 python -m benchmarks.convergence --cases shakespeare_bert --variants diloco,sparseloco \
     --outer-every 30 --outer-momentum 0.9 --seeds 0 --out benchmarks/results/outer/bert_h30_m09
+# SparseLoCo beside DiLoCo (benchmarks/results/outer.md, "SparseLoCo"): the main job, H = 30 on
+# seeds 0-2, the decay and outer step on seed 0, H = 10 and 100 on seed 0.
+R="outer_momentum=0:outer_lr=1"
+loco() {  # out, then python -m train flags
+  local out=benchmarks/results/outer/$1; shift
+  [ -f "$out/metrics.json" ] || python -m train --epochs 30 --devices 8 --no-progress --out "$out" "$@"
+}
+for s in 0 1 2; do
+  loco "sparseloco_h30/s$s" --seed "$s" --compare "dense,dense:outer=30,\
+spardl:outer=30:density=0.03:wire=int4,sparseloco:density=0.03:outer=30:$R:decay=0.95,\
+sparseloco:density=0.03:bits=4:outer=30:$R:decay=0.95,sparseloco:density=0.01:outer=30:$R:decay=0.95,\
+spardl:density=0.03:wire=int4:outer=30:$R:decay=0.95,topka:density=0.03:outer=30:$R:decay=0.95"
+done
+loco sparseloco_h30_tune --seed 0 --compare "dense,sparseloco:density=0.03:outer=30:$R:decay=0.9,\
+sparseloco:density=0.03:outer=30:$R:decay=0.99,sparseloco:density=0.03:outer=30:$R:decay=1,\
+sparseloco:density=0.03:outer=30:outer_momentum=0:outer_lr=0.7:decay=0.95,\
+sparseloco:density=0.03:outer=30:outer_momentum=0:outer_lr=1.5:decay=0.95,\
+sparseloco:density=0.03:outer=30:decay=0.95,sparseloco:density=0.03:chunk=65536:outer=30:$R:decay=0.95"
+for h in 10 100; do
+  loco "sparseloco_h$h" --seed 0 --compare "dense,dense:outer=$h,spardl:outer=$h:density=0.03:wire=int4,\
+sparseloco:density=0.03:outer=$h:$R:decay=0.95,spardl:density=0.03:wire=int4:outer=$h:$R:decay=0.95"
+done
