@@ -22,8 +22,10 @@ bytes each device sent up to the target. ``--out`` gets ``results.json``, ``resu
 ``--variants wire`` runs the recipe with each wire format (compact, int8, int4, int2);
 ``--variants outer`` compares syncing rarely (:func:`spardl_jax.diloco`, every
 ``--outer-every`` steps, the outer step ``--outer-lr``/``--outer-momentum``) with a dense
-float32, a dense bfloat16 and a SparDL outer sync (``--outer-density``, ``--outer-wire``)
-against dense and SparDL's recipe every step.
+float32, a dense bfloat16 and a SparDL outer sync (``--outer-density``, ``--outer-wire``), and
+SparseLoCo's outer loop (:func:`spardl_jax.sparseloco`: its own aggregation at
+``--outer-density`` with 2-bit values, the error feedback decayed by 0.95, a plain outer step
+of 1) against dense and SparDL's recipe every step.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ DENSE_TUNED = {"mnist1d_cnn1d": {"lr": 0.1}, "digits_resnet20": {"opt_momentum":
 # main job (benchmarks/results/outer.md).
 OUTER = Tuning(outer=30, outer_lr=TrainConfig.outer_lr, outer_momentum=TrainConfig.outer_momentum)
 OUTER_DENSITY, OUTER_WIRE = 0.03, "int4"
+# SparseLoCo's rule (sj.sparseloco's defaults): the decayed error feedback and a plain step.
+LOCO = Tuning(outer_lr=1.0, outer_momentum=0.0, decay=0.95)
 
 
 def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
@@ -109,15 +113,19 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
       "diloco": Variant(f"DiLoCo H={outer.outer}, dense outer", "dense", {}, outer),
       "diloco_bf16": Variant(f"DiLoCo H={outer.outer}, bfloat16 outer", "dense_bf16", {},
                              outer),
-      "sparseloco": Variant(f"DiLoCo H={outer.outer}, SparDL {outer_density:g} {outer_wire} "
-                            f"outer", "spardl", {"density": outer_density, "wire": outer_wire},
-                            outer),
+      "diloco_spardl": Variant(f"DiLoCo H={outer.outer}, SparDL {outer_density:g} "
+                               f"{outer_wire} outer", "spardl",
+                               {"density": outer_density, "wire": outer_wire}, outer),
+      "sparseloco": Variant(f"SparseLoCo H={outer.outer}, {outer_density:g} 2-bit",
+                            "sparseloco", {"density": outer_density},
+                            Tuning(outer=outer.outer, outer_lr=LOCO.outer_lr,
+                                   outer_momentum=LOCO.outer_momentum, decay=LOCO.decay)),
   }
 
 
 VARIANT_KEYS = ("dense", "dense_tuned", "paper", "warmup", "ramp", "correction", "clip",
                 "recipe", "compact")
-OUTER_KEYS = ("recipe", "diloco", "diloco_bf16", "sparseloco")
+OUTER_KEYS = ("recipe", "diloco", "diloco_bf16", "diloco_spardl", "sparseloco")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)
 GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS}

@@ -25,7 +25,8 @@ from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
 from spardl_jax.sync.density import DensityRule, density_rule
 from spardl_jax.sync.levels import density_warmup
-from spardl_jax.sync.adam import ScaleByFrozenAdamState, scale_by_frozen_adam
+from spardl_jax.sync.adam import (ScaleByFrozenAdamState, ScaleBySyncedAdamState,
+                                  scale_by_frozen_adam, scale_by_synced_adam)
 from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
                                            opt_state_shardings, opt_state_specs,
                                            sync_state_filter)
@@ -47,6 +48,7 @@ __all__ = (
     "SparDLConfig",
     "SparDLState",
     "ScaleByFrozenAdamState",
+    "ScaleBySyncedAdamState",
     "SyncState",
     "SyncStats",
     "bounded_dispatch",
@@ -64,6 +66,7 @@ __all__ = (
     "register",
     "replica_params",
     "scale_by_frozen_adam",
+    "scale_by_synced_adam",
     "schedule",
     "sharded_allreduce",
     "spardl",

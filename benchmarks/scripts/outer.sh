@@ -12,7 +12,7 @@ for case in shakespeare_lstm shakespeare_bert; do
 done
 python -m benchmarks.convergence --cases mnist1d_cnn1d --variants wire --seeds 0,1 \
     --out benchmarks/results/outer/mnist1d_wire
-python -m benchmarks.convergence --cases shakespeare_bert --variants diloco,sparseloco \
+python -m benchmarks.convergence --cases shakespeare_bert --variants diloco,diloco_spardl \
     --outer-every 30 --outer-momentum 0.9 --seeds 0 --out benchmarks/results/outer/bert_h30_m09
 # SparseLoCo beside DiLoCo (benchmarks/results/outer.md, "SparseLoCo"): the main job, H = 30 on
 # seeds 0-2, the decay and outer step on seed 0, H = 10 and 100 on seed 0.

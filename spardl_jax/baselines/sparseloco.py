@@ -7,10 +7,11 @@ the lower index), so an index is a position inside its chunk (16 bits) and the s
 of every chunk is independent. The values kept from one leaf are quantized together to
 ``bits`` bits: centred on their mean, cut into ``2^bits`` bins of width
 ``sigmas * std / 2^bits`` around it (the outer bins take everything beyond), and each bin
-decodes to the mean of the values that fell in it (a lookup table of ``2^bits`` float32 sent
-with the codes). Every device all-gathers every device's message (Bruck, ``ceil(log2 P)``
-rounds) and adds the ``P`` decoded sparse vectors in worker order: every entry any device
-chose survives (their union), where SparDL's result keeps about ``k`` entries in all.
+decodes to the mean of the values that fell in it (the leaf's mean and those ``2^bits`` bin
+means travel with the codes, ``1 + 2^bits`` float32 a leaf). Every device all-gathers every
+device's message (Bruck, ``ceil(log2 P)`` rounds) and adds the ``P`` decoded sparse vectors
+in worker order: every entry any device chose survives (their union), where SparDL's result
+keeps about ``k`` entries in all.
 
 Each device keeps what it did not send as its error, ``g - decoded`` at the chosen entries
 (the quantization error included) and ``g`` elsewhere, so
@@ -26,7 +27,7 @@ References:
   SparseLoCo", arXiv 2508.15706 (chunk-wise top-k of the error-feedback accumulator, 2-bit
   values, aggregation by gathering every replica's selection); the quantizer (mean shift,
   a range in standard deviations, bins decoded to their mean) is their code's statistical
-  quantization. The chunk of 4,096 entries is DeMo's 64 x 64 tile in entries.
+  quantization, its defaults (4,096-entry chunks, 6 standard deviations) ours.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from spardl_jax.baselines.common import (ResidualState, allgather, check_local, 
 from spardl_jax.core import protocol, topk
 from spardl_jax.core.config import DensityConfig, check_number
 
-__all__ = ['SparseLoCoConfig', 'Piece', 'plan', 'quantize', 'formula', 'SparseLoCo']
+__all__ = ['SparseLoCoConfig', 'Piece', 'plan', 'quantize', 'Layout', 'layout', 'formula',
+           'SparseLoCo']
 
 BITS = (2, 4, 8, None)  # None: the values as they are, in the gradient's dtype
 _MAX_CHUNK = 1 << 16  # a position inside a chunk fits 16 bits
@@ -102,7 +104,7 @@ def plan(shapes, config: SparseLoCoConfig) -> list[Piece]:
   return pieces
 
 
-def quantize(values: jax.Array, segment: np.ndarray, segments: int, bits: int,
+def quantize(values: jax.Array, segment: jax.Array, segments: int, bits: int,
              sigmas: float) -> tuple[jax.Array, jax.Array]:
   """``values`` ``(m,)``, each in segment ``segment[i]`` (a leaf), to ``bits``-bit codes and
   one table per segment that decodes them.
@@ -170,20 +172,21 @@ def _values_from_words(w: jax.Array, m: int, dtype) -> jax.Array:
 
 
 class Layout(NamedTuple):
-  """Static tables of one bound method: the chunks grouped by (length, k), each group one
-  batched selection; where every chunk sits in the flat vector; and for each entry a device
-  sends, its chunk and its leaf."""
+  """Where one bound method's chunks sit: ``pieces`` grouped by (chunk length, k), each
+  group one batched selection, and per chunk its first position, the end of its leaf and
+  its leaf. Every table is per chunk (``n / chunk`` entries), so nothing the size of the
+  gradient is built into the program."""
 
-  groups: tuple[tuple[int, int, int, int], ...]  # (c, k, first chunk, chunks)
-  rows: np.ndarray  # (chunks, longest c) flat positions of each chunk's entries; n: padding
-  row_of: np.ndarray  # (K,) the chunk of each entry sent, in message order
-  leaf_of: np.ndarray  # (K,) its leaf
-  leaves: int
+  groups: tuple[tuple[int, int, tuple[int, ...]], ...]  # (c, k, indices into pieces)
+  pieces: tuple[Piece, ...]
+  chunk_start: np.ndarray  # (chunks,) flat position of each chunk's first entry
+  chunk_end: np.ndarray  # (chunks,) where its leaf ends: positions past it are padding
+  chunk_leaf: np.ndarray  # (chunks,) its leaf
 
   @property
   def kept(self) -> int:
     """K, the entries each device sends."""
-    return int(self.row_of.shape[0])
+    return sum(self.pieces[i].chunks * k for _, k, members in self.groups for i in members)
 
   def words(self, bits: int | None, itemsize: int) -> int:
     """uint32 words of one device's message: 16-bit positions, then the values (codes, or
@@ -191,36 +194,40 @@ class Layout(NamedTuple):
     k = self.kept
     if bits is None:
       return -(-k // 2) + -(-k * itemsize // 4)
-    return -(-k // 2) + -(-k * bits // 32) + self.leaves * (1 + (1 << bits))
+    return -(-k // 2) + -(-k * bits // 32) + len(self.pieces) * (1 + (1 << bits))
+
+  def slots(self) -> jax.Array:
+    """The chunk of each entry sent, ``(K,)`` int32 in message order (group by group, chunk
+    by chunk, the tables' order), from an iota: no table of K entries in the program."""
+    chunks, first = [], 0
+    for _, k, members in self.groups:
+      count = sum(self.pieces[i].chunks for i in members)
+      chunks.append(first + jnp.arange(count * k, dtype=jnp.int32) // k)
+      first += count
+    return jnp.concatenate(chunks)
 
 
-def layout(pieces: list[Piece], n: int) -> Layout:
-  """The :class:`Layout` of a flat vector of ``n`` entries cut into ``pieces``."""
-  longest = max((piece.chunk for piece in pieces), default=1)
-  by_size: dict[tuple[int, int], list[tuple[np.ndarray, int]]] = {}
+def layout(pieces: list[Piece]) -> Layout:
+  """The :class:`Layout` of a flat vector cut into ``pieces``; its per-chunk tables list the
+  chunks group by group."""
+  by_size: dict[tuple[int, int], list[int]] = {}
   for i, piece in enumerate(pieces):
-    pos = np.full(piece.chunks * piece.chunk, n, np.int32)
-    pos[:piece.size] = np.arange(piece.start, piece.start + piece.size)
-    by_size.setdefault((piece.chunk, piece.k), []).append((pos.reshape(piece.chunks, -1), i))
-  groups, rows, row_of, leaf_of, first = [], [], [], [], 0
-  for (c, k), parts in by_size.items():
-    groups.append((c, k, first, sum(len(chunk_rows) for chunk_rows, _ in parts)))
-    for chunk_rows, leaf in parts:
-      rows.append(np.pad(chunk_rows, ((0, 0), (0, longest - c)), constant_values=n))
-      row_of.append(np.repeat(np.arange(first, first + len(chunk_rows), dtype=np.int32), k))
-      leaf_of.append(np.full(len(chunk_rows) * k, leaf, np.int32))
-      first += len(chunk_rows)
-  cat = lambda parts, shape: (np.concatenate(parts) if parts  # noqa: E731
-                              else np.zeros(shape, np.int32))
-  return Layout(tuple(groups), cat(rows, (0, longest)), cat(row_of, (0,)),
-                cat(leaf_of, (0,)), len(pieces))
+    by_size.setdefault((piece.chunk, piece.k), []).append(i)
+  groups = tuple((c, k, tuple(members)) for (c, k), members in by_size.items())
+  order = [i for _, _, members in groups for i in members]
+  table = lambda per_piece: np.asarray(  # noqa: E731
+      [v for i in order for v in per_piece(i, pieces[i])], np.int32)
+  return Layout(groups, tuple(pieces),
+                table(lambda i, p: [p.start + j * p.chunk for j in range(p.chunks)]),
+                table(lambda i, p: [p.start + p.size] * p.chunks),
+                table(lambda i, p: [i] * p.chunks))
 
 
 def formula(p: int, n: int, config: SparseLoCoConfig, itemsize: int = 4, *,
             shapes=None) -> protocol.Cost:
   """Per-device ``rounds`` and ``bytes`` sent: ``ceil(log2 P)`` rounds and ``P - 1``
   messages (:meth:`Layout.words`) for leaves of ``shapes`` (None: one leaf of ``n``)."""
-  lay = layout(plan(shapes if shapes is not None else ((n,),), config), n)
+  lay = layout(plan(shapes if shapes is not None else ((n,),), config))
   return protocol.Cost((p - 1).bit_length(), (p - 1) * 4 * lay.words(config.bits, itemsize))
 
 
@@ -233,7 +240,9 @@ class SparseLoCo:
   name: ClassVar[str] = "sparseloco"
   summary: ClassVar[str] = "chunked top-k, 2-bit values, all-gather (SparseLoCo)"
   Config: ClassVar[type] = SparseLoCoConfig
-  nonfinite_reaches_result: ClassVar[bool] = True  # a NaN is selected, then every value is
+  # A NaN or inf ranks first in its chunk, so it is sent: as itself, or as its leaf's mean,
+  # which it makes non-finite, and with it every value of the leaf.
+  nonfinite_reaches_result: ClassVar[bool] = True
   sparse: ClassVar[bool] = True
   leafwise: ClassVar[bool] = True
   config: SparseLoCoConfig
@@ -261,45 +270,54 @@ class SparseLoCo:
   def apply(self, x, state, *, axis_name):
     check_local("sparseloco", x, state.residual)
     n, dtype, bits = x.shape[0], x.dtype, self.config.bits
-    lay = layout(plan(self._shapes(n), self.config), n)
+    lay = layout(plan(self._shapes(n), self.config))
     g = x + state.residual
-    padded = jnp.concatenate([g, jnp.zeros((1,), dtype)])  # position n: a zero slot
     at, values = [], []
-    for c, k, first, count in lay.groups:
-      chosen, kept = topk.block_topk(padded[lay.rows[first:first + count, :c]],
-                                     jnp.arange(count, dtype=jnp.int32), k,
+    for c, k, members in lay.groups:
+      # The group's chunks as rows: each leaf's slice, zero-padded to whole chunks (padding
+      # never wins over a real entry: it sits after them and ties go to the lower index).
+      rows = jnp.concatenate([
+          jnp.pad(g[lay.pieces[i].start:lay.pieces[i].start + lay.pieces[i].size],
+                  (0, lay.pieces[i].chunks * c - lay.pieces[i].size)).reshape(-1, c)
+          for i in members])
+      chosen, kept = topk.block_topk(rows, jnp.arange(rows.shape[0], dtype=jnp.int32), k,
                                      topk.chunk_size(c, k))
       at.append(chosen.reshape(-1))
       values.append(kept.reshape(-1))
-    at, values = jnp.concatenate(at), jnp.concatenate(values)  # in Layout.row_of's order
+    at, values = jnp.concatenate(at), jnp.concatenate(values)  # in Layout.slots' order
     words = [_words_of_16(at)]
     if bits is None:
       words.append(_value_words(values))
     else:
-      codes, tables = quantize(values, lay.leaf_of, lay.leaves, bits, self.config.sigmas)
+      leaf = jnp.asarray(lay.chunk_leaf)[lay.slots()]
+      codes, tables = quantize(values, leaf, len(lay.pieces), bits, self.config.sigmas)
       words += [_pack_codes(codes, bits),
                 jax.lax.bitcast_convert_type(tables, jnp.uint32).reshape(-1)]
     message = jnp.concatenate(words)
     # What this device sent, as every receiver decodes it: its error keeps the rest.
-    pos, sent = self._read(message, lay, dtype)
+    pos, sent = self._read(message, lay, n, dtype)
     received = allgather(message[None], axis_name)
-    got = jax.vmap(lambda row: self._read(row, lay, dtype))(received)
+    got = jax.vmap(lambda row: self._read(row, lay, n, dtype))(received)
     y = densify(n, *got, dtype) / jax.lax.axis_size(axis_name)
     return y, ResidualState(g.at[pos].add(-sent, mode="drop"))
 
-  def _read(self, row, lay: Layout, dtype) -> tuple[jax.Array, jax.Array]:
-    """``(positions, values)`` ``(K,)`` of one message (position ``n``: padding)."""
+  def _read(self, row, lay: Layout, n: int, dtype) -> tuple[jax.Array, jax.Array]:
+    """``(positions, values)`` ``(K,)`` of one message; a padding slot's position is ``n``
+    (dropped where it is added)."""
     k, bits = lay.kept, self.config.bits
+    chunk = lay.slots()
     split = -(-k // 2)
-    at = _from_words_of_16(row[:split], k).astype(jnp.int32)
-    pos = jnp.asarray(lay.rows)[lay.row_of, at]
+    pos = jnp.asarray(lay.chunk_start)[chunk] + _from_words_of_16(row[:split], k).astype(
+        jnp.int32)
+    pos = jnp.where(pos < jnp.asarray(lay.chunk_end)[chunk], pos, n)
     rest = row[split:]
     if bits is None:
       return pos, _values_from_words(rest, k, dtype)
     split = -(-k * bits // 32)
     codes = _unpack_codes(rest[:split], k, bits)
-    tables = jax.lax.bitcast_convert_type(rest[split:], jnp.float32).reshape(lay.leaves, -1)
-    return pos, (tables[lay.leaf_of, 0] + tables[lay.leaf_of, 1 + codes]).astype(dtype)
+    tables = jax.lax.bitcast_convert_type(rest[split:], jnp.float32).reshape(len(lay.pieces), -1)
+    leaf = jnp.asarray(lay.chunk_leaf)[chunk]
+    return pos, (tables[leaf, 0] + tables[leaf, 1 + codes]).astype(dtype)
 
   def formula(self, *, p: int, n: int, itemsize: int) -> protocol.Cost:
     return formula(p, n, self.config, itemsize, shapes=self._shapes(n))

@@ -1,4 +1,5 @@
-"""Adam with a frozen second moment: the Adam-family optimizer that follows a sparse sync.
+"""Adam for a sparse sync: a frozen second moment, and a first moment that travels through
+the sync.
 
 Per-coordinate normalisation by ``sqrt(nu)`` misbehaves on a sparse, bursty gradient: a
 coordinate that arrives once in a hundred steps (with a hundred steps of residual mass)
@@ -8,19 +9,26 @@ QAdam therefore run plain Adam during a dense warm-up, when the gradient is the 
 gradient, and then **freeze** ``nu``: from then on Adam is a fixed diagonal preconditioner
 and the compressed phase only moves the first moment. ``scale_by_frozen_adam`` is that
 optimizer; pair its ``freeze_step`` with the sync's ``warmup_steps``.
+
+``scale_by_synced_adam`` is 1-bit Adam's compression stage with any sync in place of its
+1-bit compressor: each device folds its gradient into the shared first moment,
+``m_i = b1 m + (1 - b1) g_i``, and the sync (with its error feedback) averages ``m_i``, so
+what is compressed is the momentum, not the gradient.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from spardl_jax.core.config import check_number
+from spardl_jax.sync.state import SyncState, states_in
 
-__all__ = ['ScaleByFrozenAdamState', 'scale_by_frozen_adam']
+__all__ = ['ScaleByFrozenAdamState', 'scale_by_frozen_adam', 'ScaleBySyncedAdamState',
+           'scale_by_synced_adam']
 
 
 class ScaleByFrozenAdamState(NamedTuple):
@@ -70,13 +78,7 @@ def scale_by_frozen_adam(*, freeze_step: int, b1: float = 0.9, b2: float = 0.999
     Tang et al., "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
     Convergence Speed", ICML 2021 (warm-up, then a frozen variance).
   """
-  who = "scale_by_frozen_adam"
-  freeze_step = check_number(who, "freeze_step", freeze_step, "an int >= 1", integral=True,
-                             accept=lambda s: s >= 1)
-  b1, b2 = (check_number(who, name, value, "in [0, 1)", accept=lambda b: 0 <= b < 1)
-            for name, value in (("b1", b1), ("b2", b2)))
-  eps = check_number(who, "eps", eps, "a finite number > 0",
-                     accept=lambda e: 0 < e < float("inf"))
+  freeze_step, b1, b2, eps = _check("scale_by_frozen_adam", freeze_step, b1, b2, eps)
 
   def init_fn(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
@@ -92,10 +94,131 @@ def scale_by_frozen_adam(*, freeze_step: int, b1: float = 0.9, b2: float = 0.999
     mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
     nu = jax.tree.map(lambda v, g: jnp.where(training, b2 * v + (1 - b2) * g * g, v),
                       state.nu, updates)
-    mu_scale = 1 / (1 - b1 ** count.astype(jnp.float32))
-    # Before any trained update nu is 0 (and so is mu): any finite scale gives 0.
-    nu_scale = 1 / (1 - b2 ** jnp.maximum(nu_count, 1).astype(jnp.float32))
-    out = jax.tree.map(lambda m, v: (m * mu_scale) / (jnp.sqrt(v * nu_scale) + eps), mu, nu)
-    return out, ScaleByFrozenAdamState(count, mu, nu, nu_count)
+    return _scaled(mu, nu, count, nu_count, b1, b2, eps), ScaleByFrozenAdamState(
+        count, mu, nu, nu_count)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _check(who, freeze_step, b1, b2, eps):
+  freeze_step = check_number(who, "freeze_step", freeze_step, "an int >= 1", integral=True,
+                             accept=lambda s: s >= 1)
+  b1, b2 = (check_number(who, name, value, "in [0, 1)", accept=lambda b: 0 <= b < 1)
+            for name, value in (("b1", b1), ("b2", b2)))
+  eps = check_number(who, "eps", eps, "a finite number > 0",
+                     accept=lambda e: 0 < e < float("inf"))
+  return freeze_step, b1, b2, eps
+
+
+def _scaled(mu, nu, count, nu_count, b1, b2, eps):
+  """Adam's bias-corrected ``m / (sqrt(v) + eps)``, ``v``'s correction by its own count."""
+  mu_scale = 1 / (1 - b1 ** count.astype(jnp.float32))
+  # Before any trained update nu is 0 (and so is mu): any finite scale gives 0.
+  nu_scale = 1 / (1 - b2 ** jnp.maximum(nu_count, 1).astype(jnp.float32))
+  return jax.tree.map(lambda m, v: (m * mu_scale) / (jnp.sqrt(v * nu_scale) + eps), mu, nu)
+
+
+class ScaleBySyncedAdamState(NamedTuple):
+  """State of :func:`scale_by_synced_adam`.
+
+  Attributes:
+    count: () int32, the updates so far.
+    mu: the shared first moment (what the sync returned; the same on every device).
+    nu: the second moment, trained on the mean gradient until ``freeze_step``, then frozen.
+    nu_count: () int32, the updates that trained ``nu``.
+    sync: the sync's :class:`~spardl_jax.SyncState` (its residual is the momentum's error
+      feedback).
+  """
+
+  count: jax.Array  # type: ignore[assignment]  # a field named count shadows tuple.count
+  mu: optax.Updates
+  nu: optax.Updates
+  nu_count: jax.Array
+  sync: Any
+
+
+def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int,
+                         b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
+                         ) -> optax.GradientTransformationExtraArgs:
+  """Adam's scaling whose first moment is averaged by ``sync`` (1-bit Adam's compression
+  stage, any sync as the compressor).
+
+  ``update(grads, state, params)`` runs inside the data-parallel ``jax.shard_map`` with each
+  device's own gradient ``g_i``. Each device forms ``m_i = b1 m + (1 - b1) g_i`` from the
+  shared ``m``; ``sync`` averages the ``m_i`` (its residual keeps what it did not send, so the
+  momentum's mass is delivered in full, late); the result is the new shared ``m`` and the
+  update is Adam's ``m_hat / (sqrt(v_hat) + eps)``. While the sync is dense (its
+  ``warmup_steps``) the result is exactly ``b1 m + (1 - b1) mean(g)``, so the mean gradient
+  ``(m_new - b1 m) / (1 - b1)`` trains ``v``; from update ``freeze_step + 1`` on ``v`` is
+  frozen (1-bit Adam's warm-up, then a fixed preconditioner). Use
+  ``freeze_step <= warmup_steps``: after the warm-up that difference is no longer the mean
+  gradient. A step the sync skips (a non-finite gradient, ``nonfinite='skip'``) returns
+  zeros and changes neither moment.
+
+  Example:
+
+    >>> import jax, jax.numpy as jnp, optax, spardl_jax as sj
+    >>> mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])
+    >>> tx = optax.chain(
+    ...     sj.scale_by_synced_adam(sj.spardl(density=0.01, warmup_steps=100),
+    ...                             freeze_step=100),
+    ...     optax.add_decayed_weights(0.01), optax.scale_by_learning_rate(1e-3))
+    >>> state = sj.init_opt_state(tx, {"w": jnp.zeros((100, 10))}, mesh)
+    >>> state[0].sync.method_state.residual.shape
+    (8, 1000)
+
+  Args:
+    sync: the momentum's sync (:func:`~spardl_jax.spardl`,
+      :func:`~spardl_jax.sync_gradients`), over the data axis, with a dense warm-up of at
+      least ``freeze_step`` steps.
+    freeze_step: updates that train ``v`` (an int >= 1).
+    b1, b2: the moments' decay rates, in [0, 1).
+    eps: added to ``sqrt(v_hat)``, a finite number > 0.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is a
+    :class:`ScaleBySyncedAdamState`; its ``update``'s extra arguments go to ``sync``.
+
+  References:
+    Tang et al., "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
+    Convergence Speed", ICML 2021 (Algorithm 1: the momentum compressed with error
+    feedback after a warm-up that freezes the variance).
+  """
+  freeze_step, b1, b2, eps = _check("scale_by_synced_adam", freeze_step, b1, b2, eps)
+  if not isinstance(sync, optax.GradientTransformation):
+    raise TypeError(f"scale_by_synced_adam: sync must be an optax.GradientTransformation "
+                    f"(spardl_jax.spardl, spardl_jax.sync_gradients), got "
+                    f"{type(sync).__name__}.")
+  sync = optax.with_extra_args_support(sync)
+
+  def init_fn(params):
+    sync_state = sync.init(params)
+    found = states_in(sync_state, SyncState)
+    if len(found) != 1 or found[0] is not sync_state:
+      raise ValueError("scale_by_synced_adam: sync must be a gradient sync "
+                       "(spardl_jax.spardl, spardl_jax.sync_gradients), not a chain.")
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
+    return ScaleBySyncedAdamState(jnp.zeros((), jnp.int32), zeros(), zeros(),
+                                  jnp.zeros((), jnp.int32), sync_state)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    if not isinstance(state, ScaleBySyncedAdamState):
+      raise TypeError(f"scale_by_synced_adam: state must be the ScaleBySyncedAdamState from "
+                      f"init, got {type(state).__name__}.")
+    local = jax.tree.map(lambda m, g: (b1 * m + (1 - b1) * g).astype(m.dtype), state.mu,
+                         updates)
+    synced, sync_state = sync.update(local, state.sync, params, **extra_args)
+    # Every device holds the same count of skipped syncs: all decide alike.
+    skipped = jnp.any(sync_state.stats.nonfinite != state.sync.stats.nonfinite)
+    count = state.count + 1
+    training = (count <= freeze_step) & ~skipped
+    mu = jax.tree.map(lambda new, old: jnp.where(skipped, old, new), synced, state.mu)
+    nu = jax.tree.map(
+        lambda v, new, old: jnp.where(training, b2 * v + (1 - b2) * ((new - b1 * old) / (1 - b1))
+                                      ** 2, v), state.nu, synced, state.mu)
+    nu_count = state.nu_count + training.astype(jnp.int32)
+    out = jax.tree.map(lambda u: jnp.where(skipped, jnp.zeros_like(u), u),
+                       _scaled(mu, nu, count, nu_count, b1, b2, eps))
+    return out, ScaleBySyncedAdamState(count, mu, nu, nu_count, sync_state)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

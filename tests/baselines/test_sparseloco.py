@@ -52,7 +52,10 @@ def test_matches_numpy_model_conserves_and_sends_its_message(p, bits):
     want_y, want_rs = numpy_sparseloco(xs, rs, SHAPES, 0.05, CHUNK, bits)
     np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
     np.testing.assert_allclose(ys[0], want_y, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(state.residual), want_rs, rtol=1e-5, atol=1e-5)
+    # A value alone in its bin decodes to itself only up to float32 rounding (mean + offset),
+    # so the residual it leaves is 0 within the rounding of that value's own size.
+    np.testing.assert_array_less(np.abs(np.asarray(state.residual) - want_rs),
+                                 1e-5 * (1 + np.abs(xs + rs)))
     harness.assert_conserved(xs, rs, ys, np.asarray(state.residual))
     rs = np.asarray(state.residual, np.float64)
   hlo = harness.method_traffic(p, N, m)

@@ -1,4 +1,6 @@
-"""scale_by_frozen_adam against a NumPy Adam whose second moment stops at freeze_step."""
+"""scale_by_frozen_adam against a NumPy Adam whose second moment stops at freeze_step;
+scale_by_synced_adam (the momentum through the sync) against a NumPy model on P devices built
+on the SparDL reference."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -6,6 +8,7 @@ import optax
 import pytest
 
 import spardl_jax as sj
+from tests import harness, reference
 
 
 def numpy_adam(grads, *, freeze_step, b1, b2, eps):
@@ -63,3 +66,60 @@ def test_a_skipped_step_does_not_train_the_second_moment():
   want = list(numpy_adam([np.asarray(g) for g in grads[:4]], freeze_step=3, b1=0.0, b2=0.99,
                          eps=1e-8))[-1]
   np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=1e-6)
+
+
+def numpy_synced_adam(grads, *, warmup, freeze_step, density, b1, b2, eps):
+  """P devices: m_i = b1 m + (1 - b1) g_i; the sync's mean of the m_i (dense with the
+  residual delivered during the warm-up, then SparDL on the exact wire with its residuals);
+  v trained on the true mean gradient until freeze_step; Adam's bias corrections."""
+  p, n = grads[0].shape
+  m = np.zeros(n)
+  v = np.zeros(n)
+  rs = np.zeros((p, n), np.float32)
+  for t, g in enumerate(grads, start=1):
+    local = (b1 * m + (1 - b1) * g).astype(np.float32)
+    if t <= warmup:
+      m = (local + rs).astype(np.float64).mean(0)
+      rs = np.zeros_like(rs)
+    else:
+      m, rs = reference.spardl(local, rs, density, wire="exact")
+    if t <= freeze_step:
+      v = b2 * v + (1 - b2) * g.astype(np.float64).mean(0) ** 2
+    yield (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** min(t, freeze_step))) + eps), rs
+
+
+def test_synced_adam_matches_its_numpy_model():
+  """Two dense steps train v on the mean gradient (recovered from the synced momentum), then
+  the momentum goes through SparDL at 30 % with its error feedback; a non-finite step
+  changes nothing and returns zeros."""
+  p, n, b1, b2, eps = 4, 50, 0.9, 0.99, 1e-8
+  rng = np.random.default_rng(3)
+  grads = [harness.gradients(rng, p, n) for _ in range(5)]
+  tx = sj.scale_by_synced_adam(sj.spardl(density=0.3, wire="exact", warmup_steps=2),
+                               freeze_step=2, b1=b1, b2=b2, eps=eps)
+  params = {"w": jnp.zeros((n,))}
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  f = harness.update_fn(tx, p, params)
+  want = numpy_synced_adam(grads, warmup=2, freeze_step=2, density=0.3, b1=b1, b2=b2, eps=eps)
+  for g, (want_out, want_rs) in zip(grads, want):
+    out, state = f(harness.put_rows(p, {"w": jnp.asarray(g)}), state)
+    np.testing.assert_allclose(np.asarray(out["w"]), want_out, rtol=2e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(state.sync.method_state.residual), want_rs,
+                               rtol=1e-5, atol=1e-6)
+  before = [np.asarray(x) for x in (state.mu["w"], state.nu["w"])]
+  out, state = f(harness.put_rows(p, {"w": jnp.full((p, n), jnp.nan)}), state)
+  np.testing.assert_array_equal(np.asarray(out["w"]), 0)
+  for got, was in zip((state.mu["w"], state.nu["w"]), before):
+    np.testing.assert_array_equal(np.asarray(got), was)
+  assert int(state.count) == 6 and int(state.nu_count) == 2
+
+
+def test_synced_adam_bad_input_is_named():
+  with pytest.raises(ValueError, match="scale_by_synced_adam: freeze_step must be an int >= 1"):
+    sj.scale_by_synced_adam(sj.spardl(), freeze_step=0)
+  with pytest.raises(TypeError, match="sync must be an optax.GradientTransformation"):
+    sj.scale_by_synced_adam("spardl", freeze_step=3)
+  with pytest.raises(ValueError, match="not a chain"):
+    sj.init_opt_state(sj.scale_by_synced_adam(optax.chain(sj.spardl(), optax.sgd(1.0)),
+                                              freeze_step=3),
+                      {"w": jnp.zeros((4,))}, harness.mesh(2))
