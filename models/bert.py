@@ -12,41 +12,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-
-class EncoderLayer(nn.Module):
-  """Post-norm transformer layer: self-attention, then a GELU feed-forward."""
-
-  hidden: int
-  heads: int
-  ffn: int
-  dropout_rate: float
-
-  @nn.compact
-  def __call__(self, x, mask, train: bool):
-    drop = nn.Dropout(self.dropout_rate, deterministic=not train)
-    y = nn.MultiHeadDotProductAttention(self.heads, dropout_rate=self.dropout_rate,
-                                        deterministic=not train)(x, mask=mask)
-    x = nn.LayerNorm(epsilon=1e-12)(x + drop(y))
-    y = nn.Dense(self.hidden)(nn.gelu(nn.Dense(self.ffn)(x), approximate=False))
-    return nn.LayerNorm(epsilon=1e-12)(x + drop(y))
+from models.transformer import EncoderLayer, TokenModel
 
 
-class BertMLM(nn.Module):
+class BertMLM(TokenModel):
   """``(B, L)`` int32 token ids (0 = padding) -> ``(B, L, vocab_size)`` MLM logits."""
-
-  vocab_size: int = 30_522
-  hidden: int = 768
-  layers: int = 12
-  heads: int = 12
-  ffn: int = 3072
-  max_len: int = 512
-  dropout_rate: float = 0.1
 
   @nn.compact
   def __call__(self, tokens: jax.Array, *, train: bool = False) -> jax.Array:
-    if tokens.shape[1] > self.max_len:
-      raise ValueError(f"BERT: sequence length {tokens.shape[1]} exceeds max_len "
-                       f"{self.max_len}; pass a shorter --seq-len.")
+    self.check_length(tokens)
     x = nn.Embed(self.vocab_size, self.hidden, name="token_embed")(tokens)
     x = x + nn.Embed(self.max_len, self.hidden, name="position_embed")(
         jnp.arange(tokens.shape[1]))

@@ -95,14 +95,16 @@ MODELS: dict[str, ModelSpec] = {
                           dict(vocab_size=256, hidden=32, dropout_rate=0.0), ("corpus",),
                           ((35,), np.int32), objective="lm",
                           paper=Paper(66e6, why="Zaremba et al.'s large model")),
-    "bert": ModelSpec(bert.BertMLM, dict(),
+    "bert": ModelSpec(bert.BertMLM, dict(vocab_size=30_522, hidden=768, layers=12, heads=12,
+                                         ffn=3072, max_len=512),
                       dict(vocab_size=256, hidden=32, layers=2, heads=2, ffn=64, max_len=128,
                            dropout_rate=0.0), ("corpus",), ((128,), np.int32),
                       objective="mlm",
                       paper=Paper(133.5e6, 592_130, "BERT-base with an untied MLM output "
                                                     "layer; the next-sentence head (592,130) "
                                                     "is left out")),
-    "gpt": ModelSpec(gpt.GPT, dict(),
+    "gpt": ModelSpec(gpt.GPT, dict(vocab_size=50_257, hidden=768, layers=12, heads=12,
+                                   ffn=3072, max_len=1024),
                      dict(vocab_size=256, hidden=32, layers=2, heads=2, ffn=64, max_len=128,
                           dropout_rate=0.0), ("corpus",), ((128,), np.int32), objective="lm"),
     "cnn1d": ModelSpec(small.CNN1D, dict(), dict(features=(8, 8), hidden=16), ("signal",),
