@@ -36,3 +36,8 @@ for h in 10 100; do
   loco "sparseloco_h$h" --seed 0 --compare "dense,dense:outer=$h,spardl:outer=$h:density=0.03:wire=int4,\
 sparseloco:density=0.03:outer=$h:$R:decay=0.95,spardl:density=0.03:wire=int4:outer=$h:$R:decay=0.95"
 done
+# The same beside DiLoCo on BERT (tiny) with AdamW inside, H = 30, seeds 0 and 1-2 (two runs).
+python -m benchmarks.convergence --cases shakespeare_bert --variants outer --outer-every 30 \
+    --seeds 0 --out benchmarks/results/outer/bert_h30_loco/s0
+python -m benchmarks.convergence --cases shakespeare_bert --variants outer --outer-every 30 \
+    --seeds 1,2 --out benchmarks/results/outer/bert_h30_loco/s12
