@@ -8,6 +8,7 @@ this module.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
@@ -20,7 +21,7 @@ from spardl_jax.core.config import check_dtype
 from spardl_jax.core.sparse import in_worker_order
 
 __all__ = ['topk_count', 'local_topk', 'densify', 'allgather', 'ResidualState', 'init_residual',
-           'Baseline', 'check_local', 'exchange']
+           'Baseline', 'PerLeaf', 'check_local', 'exchange']
 
 
 def topk_count(density: float, n: int) -> int:
@@ -109,6 +110,28 @@ class Baseline(protocol.FlatVector):
     if traffic.bytes_per_device is not None:  # uneven senders (gTopk's tree)
       return jnp.asarray(traffic.bytes_per_device)[rank], 0
     return traffic.bytes, 0
+
+
+class PerLeaf:
+  """What a method that works per gradient leaf shares (PowerSGD, SparseLoCo): binding the
+  leaf shapes, and reading them back for a flat vector of ``n`` entries. The method is a
+  frozen dataclass with a ``shapes: tuple | None = None`` field and a ``name``."""
+
+  leafwise: ClassVar[bool] = True
+  name: ClassVar[str]
+  shapes: tuple | None
+
+  def for_leaves(self, shapes):
+    """This method for a gradient of these leaf shapes (flattened in order)."""
+    return dataclasses.replace(self, shapes=tuple(tuple(int(d) for d in s) for s in shapes))
+
+  def leaf_shapes(self, n: int) -> tuple:
+    """The bound shapes (unbound: one leaf of ``n``), which must hold ``n`` entries."""
+    shapes = self.shapes if self.shapes is not None else ((n,),)
+    if sum(math.prod(s) for s in shapes) != n:
+      raise ValueError(f"{self.name}: the leaf shapes {shapes} hold "
+                       f"{sum(math.prod(s) for s in shapes)} entries, the gradient {n}.")
+    return shapes
 
 
 def check_local(who: str, x: jax.Array, residual: jax.Array) -> None:

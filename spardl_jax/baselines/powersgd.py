@@ -35,7 +35,7 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spardl_jax.baselines.common import check_local
+from spardl_jax.baselines.common import PerLeaf, check_local
 from spardl_jax.baselines.dense import formula as dense_formula
 from spardl_jax.core import flat, protocol
 from spardl_jax.core.config import check_number
@@ -145,7 +145,7 @@ def _orthonormal(p: jax.Array) -> jax.Array:
 
 @protocol.register
 @dataclasses.dataclass(frozen=True)
-class PowerSGD:
+class PowerSGD(PerLeaf):
   """PowerSGD as a registered all-reduce (options: :class:`PowerSGDConfig`)."""
 
   name: ClassVar[str] = "powersgd"
@@ -153,7 +153,6 @@ class PowerSGD:
   Config: ClassVar[type] = PowerSGDConfig
   nonfinite_reaches_result: ClassVar[bool] = False  # a NaN can vanish in the projection
   sparse: ClassVar[bool] = False  # low rank, not a fraction of the entries
-  leafwise: ClassVar[bool] = True
   config: PowerSGDConfig
   shapes: tuple | None = None
 
@@ -161,16 +160,8 @@ class PowerSGD:
     """Not in the paper."""
     del p, n, k
 
-  def for_leaves(self, shapes) -> "PowerSGD":
-    """This method for a gradient of these leaf shapes (flattened in order)."""
-    return dataclasses.replace(self, shapes=tuple(tuple(int(d) for d in s) for s in shapes))
-
   def _leaves(self, n: int) -> list[Leaf]:
-    shapes = self.shapes if self.shapes is not None else ((n,),)
-    if sum(math.prod(s) for s in shapes) != n:
-      raise ValueError(f"powersgd: the leaf shapes {shapes} hold "
-                       f"{sum(math.prod(s) for s in shapes)} entries, the gradient {n}.")
-    return plan(shapes, self.config)
+    return plan(self.leaf_shapes(n), self.config)
 
   def init(self, *, n: int, dtype, p: int) -> PowerSGDState:
     del p

@@ -40,9 +40,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax.baselines.common import (ResidualState, allgather, check_local, densify,
-                                         init_residual)
-from spardl_jax.core import protocol, topk
+from spardl_jax.baselines.common import (PerLeaf, ResidualState, allgather, check_local,
+                                         densify, init_residual)
+from spardl_jax.core import messages, protocol, topk
 from spardl_jax.core.config import DensityConfig, check_number
 
 __all__ = ['SparseLoCoConfig', 'Piece', 'plan', 'quantize', 'Layout', 'layout', 'formula',
@@ -143,19 +143,6 @@ def _from_words_of_16(w: jax.Array, m: int) -> jax.Array:
   return jnp.stack([w & 0xFFFF, w >> 16], axis=1).reshape(-1)[:m]
 
 
-def _pack_codes(codes: jax.Array, bits: int) -> jax.Array:
-  per = 32 // bits
-  codes = jnp.pad(codes, (0, -codes.shape[0] % per)).reshape(-1, per)
-  return jnp.sum(codes << (bits * jnp.arange(per, dtype=jnp.uint32)), axis=1,
-                 dtype=jnp.uint32)  # the fields are disjoint: their sum is their OR
-
-
-def _unpack_codes(w: jax.Array, m: int, bits: int) -> jax.Array:
-  per = 32 // bits
-  fields = (w[:, None] >> (bits * jnp.arange(per, dtype=jnp.uint32))) & ((1 << bits) - 1)
-  return fields.reshape(-1)[:m]
-
-
 def _value_words(values: jax.Array) -> jax.Array:
   """The values' bits as uint32 words (16-bit floats two to a word)."""
   if values.dtype.itemsize == 2:
@@ -233,7 +220,7 @@ def formula(p: int, n: int, config: SparseLoCoConfig, itemsize: int = 4, *,
 
 @protocol.register
 @dataclasses.dataclass(frozen=True)
-class SparseLoCo:
+class SparseLoCo(PerLeaf):
   """SparseLoCo's chunked top-k with low-bit values, all-gathered, as a registered
   all-reduce (options: :class:`SparseLoCoConfig`)."""
 
@@ -244,7 +231,6 @@ class SparseLoCo:
   # which it makes non-finite, and with it every value of the leaf.
   nonfinite_reaches_result: ClassVar[bool] = True
   sparse: ClassVar[bool] = True
-  leafwise: ClassVar[bool] = True
   config: SparseLoCoConfig
   shapes: tuple | None = None
 
@@ -252,25 +238,14 @@ class SparseLoCo:
     """Not in the paper."""
     del p, n, k
 
-  def for_leaves(self, shapes) -> "SparseLoCo":
-    """This method for a gradient of these leaf shapes (flattened in order)."""
-    return dataclasses.replace(self, shapes=tuple(tuple(int(d) for d in s) for s in shapes))
-
-  def _shapes(self, n: int):
-    shapes = self.shapes if self.shapes is not None else ((n,),)
-    if sum(math.prod(s) for s in shapes) != n:
-      raise ValueError(f"sparseloco: the leaf shapes {shapes} hold "
-                       f"{sum(math.prod(s) for s in shapes)} entries, the gradient {n}.")
-    return shapes
-
   def init(self, *, n: int, dtype, p: int) -> ResidualState:
-    self._shapes(n)
+    self.leaf_shapes(n)
     return init_residual(n, p, self.config, dtype)
 
   def apply(self, x, state, *, axis_name):
     check_local("sparseloco", x, state.residual)
     n, dtype, bits = x.shape[0], x.dtype, self.config.bits
-    lay = layout(plan(self._shapes(n), self.config))
+    lay = layout(plan(self.leaf_shapes(n), self.config))
     g = x + state.residual
     at, values = [], []
     for c, k, members in lay.groups:
@@ -291,7 +266,7 @@ class SparseLoCo:
     else:
       leaf = jnp.asarray(lay.chunk_leaf)[lay.slots()]
       codes, tables = quantize(values, leaf, len(lay.pieces), bits, self.config.sigmas)
-      words += [_pack_codes(codes, bits),
+      words += [messages.pack_fields(codes[None], bits, jnp.uint32)[0],
                 jax.lax.bitcast_convert_type(tables, jnp.uint32).reshape(-1)]
     message = jnp.concatenate(words)
     # What this device sent, as every receiver decodes it: its error keeps the rest.
@@ -314,13 +289,13 @@ class SparseLoCo:
     if bits is None:
       return pos, _values_from_words(rest, k, dtype)
     split = -(-k * bits // 32)
-    codes = _unpack_codes(rest[:split], k, bits)
+    codes = messages.unpack_fields(rest[None, :split], bits, k)[0]
     tables = jax.lax.bitcast_convert_type(rest[split:], jnp.float32).reshape(len(lay.pieces), -1)
     leaf = jnp.asarray(lay.chunk_leaf)[chunk]
     return pos, (tables[leaf, 0] + tables[leaf, 1 + codes]).astype(dtype)
 
   def formula(self, *, p: int, n: int, itemsize: int) -> protocol.Cost:
-    return formula(p, n, self.config, itemsize, shapes=self._shapes(n))
+    return formula(p, n, self.config, itemsize, shapes=self.leaf_shapes(n))
 
   def stats(self, *, n: int, p: int, itemsize: int, state, rank):
     del state, rank

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ['SEGMENT', 'VALUE_BITS', 'pack', 'unpack', 'segments', 'count_dtype', 'Wire', 'EXACT']
+__all__ = ['SEGMENT', 'VALUE_BITS', 'pack', 'unpack', 'pack_fields', 'unpack_fields', 'segments',
+           'count_dtype', 'Wire', 'EXACT']
 
 _WORDS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
 SEGMENT = 1 << 16  # offsets of a compact block travel as (segment, low 16 bits)
@@ -90,6 +91,25 @@ def unpack(message: jax.Array, kb: int, dtype, extra: int = 0):
   if extra:
     parts += (_from_words(message[:, stop:], jnp.int32),)
   return parts
+
+
+def pack_fields(fields: jax.Array, bits: int, word) -> jax.Array:
+  """``(L, s)`` non-negative ints below ``2^bits`` -> ``(L, words)`` of the unsigned ``word``
+  dtype, as many fields a word as fit (zero-padded), the first in the lowest bits."""
+  per = 8 * np.dtype(word).itemsize // bits
+  fields = jnp.pad(fields.astype(jnp.uint32), ((0, 0), (0, -fields.shape[1] % per)))
+  shifts = jnp.arange(per, dtype=jnp.uint32) * bits
+  # The fields' bits are disjoint: their sum is their OR.
+  return jnp.sum(fields.reshape(fields.shape[0], -1, per) << shifts, axis=-1,
+                 dtype=jnp.uint32).astype(word)
+
+
+def unpack_fields(words: jax.Array, bits: int, count: int) -> jax.Array:
+  """Inverse of :func:`pack_fields`: the first ``count`` fields of each row, int32."""
+  per = 8 * words.dtype.itemsize // bits
+  shifts = jnp.arange(per, dtype=jnp.uint32) * bits
+  fields = (words.astype(jnp.uint32)[..., None] >> shifts) & (2 ** bits - 1)
+  return fields.reshape(words.shape[0], -1)[:, :count].astype(jnp.int32)
 
 
 def segments(span: int) -> int:
@@ -187,11 +207,7 @@ class Wire:
     if not self.bits:
       return _to_words(self.narrow(values), jnp.uint16)
     q, e = self.quantize(values)
-    per = 16 // self.bits
-    q = jnp.pad(q, ((0, 0), (0, -q.shape[1] % per)))
-    fields = (q & (2 ** self.bits - 1)).astype(jnp.uint32).reshape(q.shape[0], -1, per)
-    shifts = jnp.arange(per, dtype=jnp.uint32) * self.bits
-    words = jnp.sum(fields << shifts, axis=-1).astype(jnp.uint16)  # disjoint bits: a sum
+    words = pack_fields(q & (2 ** self.bits - 1), self.bits, jnp.uint16)  # two's complement
     return jnp.concatenate([words, _to_words(e[:, None], jnp.uint16)], axis=1)
 
   def _value_word_count(self, slots):
@@ -203,11 +219,9 @@ class Wire:
   def _values_from_words(self, words: jax.Array, kb: int, dtype) -> jax.Array:
     if not self.bits:
       return _from_words(words, self.value_dtype(dtype)).astype(dtype)
-    per = 16 // self.bits
-    shifts = jnp.arange(per, dtype=jnp.int32) * self.bits
-    fields = (words[:, :-1, None].astype(jnp.int32) >> shifts) & (2 ** self.bits - 1)
+    fields = unpack_fields(words[:, :-1], self.bits, kb)
     sign = 2 ** (self.bits - 1)
-    q = ((fields ^ sign) - sign).reshape(words.shape[0], -1)[:, :kb]
+    q = (fields ^ sign) - sign
     return self.dequantize(q, _from_words(words[:, -1:], jnp.int16)[:, 0], dtype)
 
   def pack(self, offsets: jax.Array, values: jax.Array,

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from spardl_jax.core.config import check_number
-from spardl_jax.sync.state import SyncState, states_in
+from spardl_jax.sync.state import check_sync_alone
 
 __all__ = ['ScaleByFrozenAdamState', 'scale_by_frozen_adam', 'ScaleBySyncedAdamState',
            'scale_by_synced_adam']
@@ -193,10 +193,8 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
 
   def init_fn(params):
     sync_state = sync.init(params)
-    found = states_in(sync_state, SyncState)
-    if len(found) != 1 or found[0] is not sync_state:
-      raise ValueError("scale_by_synced_adam: sync must be a gradient sync "
-                       "(spardl_jax.spardl, spardl_jax.sync_gradients), not a chain.")
+    check_sync_alone(sync_state, "scale_by_synced_adam",
+                     "averages each device's first moment over the data axis")
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
     return ScaleBySyncedAdamState(jnp.zeros((), jnp.int32), zeros(), zeros(),
                                   jnp.zeros((), jnp.int32), sync_state)

@@ -33,7 +33,7 @@ from spardl_jax.core.protocol import MEAN, PER_REPLICA, REPLICATED, Field
 from spardl_jax.core.config import check_number
 from spardl_jax.sync.placement import ParamLayout, state_specs
 from spardl_jax.sync.specs import leaf_specs
-from spardl_jax.sync.state import SyncState, states_in
+from spardl_jax.sync.state import SyncState, check_sync_alone, states_in
 from spardl_jax.sync.transform import sync_gradients
 
 __all__ = ['DiLoCoState', 'diloco', 'sparseloco', 'find_outer', 'replica_params']
@@ -135,11 +135,7 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
 
   def init_fn(params):
     sync_state = sync.init(params)
-    found = states_in(sync_state, SyncState)
-    if len(found) != 1 or found[0] is not sync_state:
-      raise ValueError("diloco: sync must be a gradient sync (spardl_jax.spardl, "
-                       "spardl_jax.sync_gradients), not a chain; it averages the "
-                       "pseudo-gradient over the data axis.")
+    check_sync_alone(sync_state, "diloco", "averages the pseudo-gradient over the data axis")
     inner_state = inner.init(params)
     if states_in(inner_state, SyncState):
       raise ValueError("diloco: inner holds a gradient sync; the inner steps run on each "

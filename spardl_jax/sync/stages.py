@@ -285,9 +285,9 @@ def _run_one(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, ax
   before it."""
   owed = protocol.residual(local)
   if decay is not None and owed is not None:  # init refused a decay without a residual
-    local = local._replace(residual=jnp.asarray(decay * owed, owed.dtype))
+    owed = jnp.asarray(decay * owed, owed.dtype)
+    local = local._replace(residual=owed)
   if level.dense:  # deliver the residual's mass too, and empty it
-    owed = protocol.residual(local)
     y, _ = level.allreduce.apply(x if owed is None else x + owed, (), axis_name=axis_name)
     if owed is not None:
       local = local._replace(residual=jnp.zeros_like(owed))

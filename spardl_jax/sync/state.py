@@ -19,7 +19,8 @@ from jax.sharding import PartitionSpec
 from spardl_jax.core import protocol
 from spardl_jax.core.protocol import MEAN, PER_DEVICE, REPLICATED, SAME, SUM, Field
 
-__all__ = ['SyncStats', 'SyncState', 'LeafShapes', 'states_in', 'sync_stats']
+__all__ = ['SyncStats', 'SyncState', 'LeafShapes', 'states_in', 'check_sync_alone',
+           'sync_stats']
 
 
 class SyncStats(NamedTuple):
@@ -95,6 +96,16 @@ def states_in(tree, cls: type) -> list:
   """The nodes of type ``cls`` (a state NamedTuple) inside ``tree``, in tree order."""
   return [node for node in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, cls))
           if isinstance(node, cls)]
+
+
+def check_sync_alone(state, who: str, what: str) -> None:
+  """Raises unless ``state`` is a :class:`SyncState` itself: a transformation that wraps a
+  sync (an outer loop, the synced Adam) takes the sync alone, not a chain around it;
+  ``what`` says what the sync does there."""
+  found = states_in(state, SyncState)
+  if len(found) != 1 or found[0] is not state:
+    raise ValueError(f"{who}: sync must be a gradient sync (spardl_jax.spardl, "
+                     f"spardl_jax.sync_gradients), not a chain; it {what}.")
 
 
 def sync_stats(opt_state) -> SyncStats:
