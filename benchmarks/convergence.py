@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 
@@ -44,6 +45,10 @@ from spardl_jax.core.config import WIRE_FORMATS
 from train.config import (NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, RECIPES,
                           TrainConfig, Tuning, Variant, recipe_tuning)
 
+_GUIDE_MESH = (("data", 4), ("model", 2))
+_GPT = TrainConfig(model="gpt", model_size="tiny", dataset="shakespeare", epochs=10,
+                   batch_size=64, seq_len=64, steps_per_epoch=200, eval_steps=30,
+                   optimizer="adamw", lr=1e-2, lr_schedule="cosine")
 CASES: dict[str, TrainConfig] = {
     "mnist1d_cnn1d": TrainConfig(model="cnn1d", dataset="mnist1d", epochs=30),
     "digits_resnet20": TrainConfig(model="resnet20", dataset="digits", epochs=15, batch_size=64,
@@ -54,6 +59,15 @@ CASES: dict[str, TrainConfig] = {
     "shakespeare_bert": TrainConfig(model="bert", model_size="tiny", dataset="shakespeare",
                                     epochs=10, batch_size=64, seq_len=64, steps_per_epoch=200,
                                     eval_steps=30, optimizer="adamw", lr=1e-3),
+    # The Adam(W) cases (docs/adam.md): a decoder-only character model with AdamW and a
+    # cosine schedule, its parameters replicated and sharded over 'model' on a (data 4,
+    # model 2) mesh as Flax's "Scale up on multiple devices" guide lays it out; and that
+    # guide's own model on the same mesh, fitting a teacher of its shape.
+    "shakespeare_gpt": _GPT,
+    "shakespeare_gpt_sharded": dataclasses.replace(_GPT, mesh=_GUIDE_MESH),
+    "teacher_dotrelu": TrainConfig(model="dotrelu", dataset="teacher", mesh=_GUIDE_MESH,
+                                   epochs=6, batch_size=64, steps_per_epoch=50,
+                                   optimizer="adamw", lr=1e-3, lr_schedule="cosine"),
 }
 # DGC's local clipping threshold c per case: twice the median per-device gradient norm of
 # dense training's first two epochs, times sqrt(8) (each device clips at c / sqrt(P)).
@@ -62,7 +76,8 @@ CLIP = {"mnist1d_cnn1d": 20.0, "digits_resnet20": 11.0, "shakespeare_lstm": 1.5,
 DENSITY = 0.01
 # Dense's best tuning found with the same effort as SparDL's (docs/trainer.md lists the
 # sweeps): the learning rate on MNIST-1D, the frozen second moment on BERT, the recipe's
-# lower momentum elsewhere.
+# lower momentum elsewhere. The Adam cases' own learning rates are dense's best of a sweep
+# (docs/adam.md), so they have no other tuned dense.
 DENSE_TUNED = {"mnist1d_cnn1d": {"lr": 0.1}, "digits_resnet20": {"opt_momentum": 0.5},
                "shakespeare_lstm": {"opt_momentum": 0.5}, "shakespeare_bert": {"freeze": 200}}
 
@@ -96,20 +111,34 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
                 if adam else {"momentum": 0.9})
   recipe = recipe_tuning("recommended", optimizer=cfg.optimizer,
                          steps_per_epoch=steps_per_epoch)
+  # The Adam(W) recipe's pieces, each alone (docs/adam.md): the dense warm-up that trains
+  # the second moment, which then stays frozen; the first moment synced in place of the
+  # gradient (1-bit Adam); each device's own Adam step synced (an outer loop of H = 1).
+  short = max(1, round(0.25 * steps_per_epoch))
   return {
       "dense": Variant("dense", "dense", {}),
-      "dense_tuned": Variant("dense, tuned: " + ", ".join(
+      **({"dense_tuned": Variant("dense, tuned: " + ", ".join(
           f"{k}={v}" for k, v in DENSE_TUNED[case].items()), "dense", {},
-          Tuning(**DENSE_TUNED[case])),
+          Tuning(**DENSE_TUNED[case]))} if case in DENSE_TUNED else {}),
       "paper": sparse("SparDL (paper)", {}),
       "warmup": sparse("+ dense warm-up (1 epoch)", {"warmup": steps_per_epoch}),
       "ramp": sparse("+ density warm-up (2 epochs)", {"ramp": 2 * steps_per_epoch}),
       "correction": sparse("+ momentum correction", correction),
-      "clip": sparse("+ local clipping", {"clip": CLIP[case]}),
+      **({"clip": sparse("+ local clipping", {"clip": CLIP[case]})} if case in CLIP else {}),
       "recipe": sparse("recipe: " + ", ".join(f"{k}={v}" for k, v in recipe.given().items()),
                        recipe),
       "compact": sparse("recipe, compact wire", recipe, wire="compact"),
       **{wire: sparse(f"recipe, {wire} wire", recipe, wire=wire) for wire in LOW_BIT},
+      "dense_bf16": Variant("bfloat16 dense", "dense_bf16", {}),
+      "frozen": sparse(f"+ dense warm-up, frozen v ({short} steps)",
+                       {"warmup": short, "freeze": short}),
+      "synced": sparse(f"synced first moment, frozen v ({short} steps)",
+                       {"warmup": short, "synced": 1}),
+      "local": sparse("each device's Adam step synced", {"outer": 1, "outer_lr": 1.0,
+                                                         "outer_momentum": 0.0}),
+      "recipe_5": Variant("recipe at 5 %", "spardl", {"density": 0.05}, recipe),
+      "topka": Variant(f"TopkA {DENSITY:g}, recipe", "topka", {"density": DENSITY}, recipe),
+      "powersgd": Variant("PowerSGD rank 4, recipe", "powersgd", {"rank": 4}, recipe),
       "diloco": Variant(f"DiLoCo H={outer.outer}, dense outer", "dense", {}, outer),
       "diloco_bf16": Variant(f"DiLoCo H={outer.outer}, bfloat16 outer", "dense_bf16", {},
                              outer),
@@ -126,10 +155,12 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
 VARIANT_KEYS = ("dense", "dense_tuned", "paper", "warmup", "ramp", "correction", "clip",
                 "recipe", "compact")
 OUTER_KEYS = ("recipe", "diloco", "diloco_bf16", "diloco_spardl", "sparseloco")
+ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced", "local",
+             "clip", "recipe", "recipe_5", "dense_bf16", "topka", "powersgd")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)
-GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS}
-KNOWN = tuple(dict.fromkeys(VARIANT_KEYS + OUTER_KEYS + WIRE_KEYS))
+GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS, "adam": ADAM_KEYS}
+KNOWN = tuple(dict.fromkeys(VARIANT_KEYS + OUTER_KEYS + WIRE_KEYS + ADAM_KEYS))
 
 
 def _parse_args(argv):
@@ -141,7 +172,11 @@ def _parse_args(argv):
                       f"{', '.join(VARIANT_KEYS)}), outer ({', '.join(OUTER_KEYS)}) or wire "
                       f"({', '.join(WIRE_KEYS)}); dense always runs: it sets the target")
   p.add_argument("--target", type=fraction, default=0.95,
-                 help="the target, a fraction of dense's final test metric (default 0.95)")
+                 help="the target, a fraction of dense's final test metric (default 0.95); "
+                      "with --on loss, dense's final test loss times 2 - TARGET")
+  p.add_argument("--on", choices=("metric", "loss"), default="metric",
+                 help="the target's quantity: the test metric (accuracy, MAE) or the test "
+                      "loss, lower being better (the Adam cases)")
   p.add_argument("--outer-every", type=POSITIVE_INT, default=OUTER.outer,
                  help="the outer loops' H (default %(default)s)")
   p.add_argument("--outer-lr", type=POSITIVE_FLOAT, default=OUTER.outer_lr)
@@ -152,7 +187,8 @@ def _parse_args(argv):
                  help="the SparDL outer sync's wire (default %(default)s)")
   p.add_argument("--seeds", type=SEEDS, default=[0, 1], help="comma list of seeds")
   p.add_argument("--devices", type=POSITIVE_INT, default=8,
-                 help="simulated devices; must divide every chosen case's batch size")
+                 help="simulated devices of the cases without a mesh of their own; must "
+                      "divide their batch size")
   p.add_argument("--epochs", type=POSITIVE_INT, default=None,
                  help="every case's epochs (default: each case's own; less for a quick look)")
   p.add_argument("--steps-per-epoch", type=POSITIVE_INT, default=None,
@@ -174,11 +210,16 @@ def _parse_args(argv):
   if args.outer_momentum >= 1:
     p.error(f"--outer-momentum must be in [0, 1), got {args.outer_momentum}")
   args.variants = ["dense"] + [k for k in keys if k != "dense"]
-  misfit = [c for c in args.cases if CASES[c].batch_size % args.devices]
+  misfit = [c for c in args.cases if CASES[c].batch_size % _devices(CASES[c], args)]
   if misfit and not args.report:
     p.error(f"--devices {args.devices} does not divide the batch size of "
             f"{', '.join(f'{c} ({CASES[c].batch_size})' for c in misfit)}")
   return args
+
+
+def _devices(cfg: TrainConfig, args) -> int:
+  """The devices a case trains on: its own mesh's, else ``--devices``."""
+  return math.prod(n for _, n in cfg.mesh) if cfg.mesh else args.devices
 
 
 def read_report(directory: str) -> dict:
@@ -202,29 +243,36 @@ def read_report(directory: str) -> dict:
 
 
 def summarize(case: str, by_key: dict[str, list], steps_per_epoch: int,
-              fraction: float = 0.95) -> list[dict]:
+              fraction: float = 0.95, on: str = "metric") -> list[dict]:
   """One row per variant: steps and bytes to the target (``fraction`` of dense's mean final
-  test metric), their ratios to dense's, and the final metric; means over the seeds (a seed
-  that never reaches the target makes the mean missing)."""
+  test metric; ``on="loss"``: dense's mean final test loss times ``2 - fraction``), their
+  ratios to dense's, and the final metric or loss; means over the seeds (a seed that never
+  reaches the target makes the mean missing)."""
   metric = by_key["dense"][0].metric
   return rows_at(case, {key: {
       "variant": results[0].variant, "metric": metric,
       "bytes_per_step": results[0].bytes_per_step,
-      "curves": [[(h["epoch"] * steps_per_epoch, h["bytes_sent"], h[f"test_{metric}"])
-                  for h in r.history] for r in results]} for key, results in by_key.items()},
-      fraction)
+      "curves": [[(h["epoch"] * steps_per_epoch, h["bytes_sent"], h[f"test_{metric}"],
+                   h["test_loss"]) for h in r.history] for r in results]}
+      for key, results in by_key.items()}, fraction, on)
 
 
-def rows_at(case: str, variants: dict[str, dict], fraction: float) -> list[dict]:
+def rows_at(case: str, variants: dict[str, dict], fraction: float,
+            on: str = "metric") -> list[dict]:
   """:func:`summarize`'s rows from each variant's ``curves`` (per seed, ``(steps, bytes,
-  test metric)`` at each epoch's end), so a report can take another target."""
-  final = lambda curve: curve[-1][2]  # noqa: E731
-  target = runs.target([final(c) for c in variants["dense"]["curves"]], fraction)
+  test metric, test loss)`` at each epoch's end), so a report can take another target. A
+  loss target is reached at or below it."""
+  field, sign = {"metric": (2, 1), "loss": (3, -1)}[on]
+  final = lambda curve: curve[-1][field]  # noqa: E731
+  finals = [final(c) for c in variants["dense"]["curves"]]
+  target = (runs.target(finals, fraction) if on == "metric"
+            else (2 - fraction) * float(np.mean(finals)))
   dense_steps = dense_bytes = None
   rows = []
   for key, run in variants.items():
-    reached = [(runs.first_reaching(curve, target) or (None, None, None))[:2]
-               for curve in run["curves"]]
+    reached = [(runs.first_reaching(curve, sign * target,
+                                    metric=lambda point: sign * point[field])
+                or (None, None))[:2] for curve in run["curves"]]
     steps = [s for s, _ in reached]
     sent = [b for _, b in reached]
     mean_steps = None if None in steps else float(np.mean(steps))
@@ -232,7 +280,8 @@ def rows_at(case: str, variants: dict[str, dict], fraction: float) -> list[dict]
     if key == "dense":
       dense_steps, dense_bytes = mean_steps, mean_bytes
     rows.append({
-        "case": case, "key": key, "variant": run["variant"], "metric": run["metric"],
+        "case": case, "key": key, "variant": run["variant"],
+        "metric": run["metric"] if on == "metric" else "loss",
         "target": target, "fraction": fraction, "steps": steps, "mean_steps": mean_steps,
         "steps_ratio": mean_steps / dense_steps if mean_steps and dense_steps else None,
         "final": [final(c) for c in run["curves"]], "bytes_to_target": mean_bytes,
@@ -249,10 +298,11 @@ def rows_at(case: str, variants: dict[str, dict], fraction: float) -> list[dict]
 def format_table(rows: list[dict]) -> str:
   """The Markdown table of :func:`summarize`'s rows."""
   fractions = sorted({r.get("fraction", 0.95) for r in rows})
-  lines = [f"Target: {', '.join(f'{f:.0%}' for f in fractions)} of dense's final test metric "
-           f"(mean over the seeds).", "",
-           "| case | variant | steps to target (per seed) | × dense | × best dense | final "
-           "test metric (per seed) | bytes to target | × dense |",
+  loss = rows and rows[0]["metric"] == "loss"
+  lines = [f"Target: {', '.join(f'{2 - f:.0%}' if loss else f'{f:.0%}' for f in fractions)} "
+           f"of dense's final test {'loss' if loss else 'metric'} (mean over the seeds).", "",
+           f"| case | variant | steps to target (per seed) | × dense | × best dense | final "
+           f"test {'loss' if loss else 'metric'} (per seed) | bytes to target | × dense |",
            "|---|---|---:|---:|---:|---|---:|---:|"]
   fmt = lambda v, spec: "never" if v is None else format(v, spec)  # noqa: E731
   for r in rows:
@@ -281,12 +331,13 @@ def plot(path: str, rows: list[dict]) -> None:
       curves = np.array(r["curves"])  # (seeds, epochs, 3)
       style = dict(marker=".", label=r["variant"], lw=2.2 if r["key"] in ("dense", "recipe")
                    else 1.0)
-      ax_steps.plot(curves[0, :, 0], curves[:, :, 2].mean(0), **style)
-      ax_bytes.plot(curves[:, :, 1].mean(0), curves[:, :, 2].mean(0), **style)
+      value = curves[:, :, 3 if r["metric"] == "loss" else 2].mean(0)
+      ax_steps.plot(curves[0, :, 0], value, **style)
+      ax_bytes.plot(curves[:, :, 1].mean(0), value, **style)
     target = next(r["target"] for r in rows if r["case"] == case)
     for ax, xlabel in ((ax_steps, "train steps"), (ax_bytes, "bytes sent per device")):
       ax.axhline(target, ls=":", c="k", lw=0.8)
-      ax.set(title=case, xlabel=xlabel, ylabel="test metric")
+      ax.set(title=case, xlabel=xlabel, ylabel=f"test {r['metric']}")
       ax.grid(alpha=0.3)
     ax_bytes.set_xscale("log")
     ax_steps.legend(fontsize=7)
@@ -324,7 +375,7 @@ def run(args) -> int:
       saved = read_report(directory)
       for case in dict.fromkeys(r["case"] for r in saved["rows"]):
         rows += rows_at(case, {r["key"]: r for r in saved["rows"] if r["case"] == case},
-                        args.target)
+                        args.target, args.on)
       del saved["rows"]
       meta = saved
     print(write(args.out, rows, meta))
@@ -334,14 +385,15 @@ def run(args) -> int:
   from train import data, input_pipeline
   from train.train import data_request, make_mesh, simulate_devices, train_and_evaluate
 
-  simulate_devices(args.devices)
-  mesh = make_mesh(args.devices)
+  simulate_devices(max([args.devices, *(_devices(CASES[c], args) for c in args.cases)]))
+  meshes = {c: make_mesh(None if CASES[c].mesh else args.devices, axes=CASES[c].mesh)
+            for c in args.cases}
   jobs = [(c, k, s) for c in args.cases for k in args.variants for s in args.seeds]
   results: dict = {}
   datasets: dict = {}  # (case, seed) -> dataset: loaded once, shared by the variants
   for case, key, seed in tqdm(jobs, desc="runs", unit="run", file=sys.stderr):
     # Each variant's tuning is explicit: no recipe defaults on top.
-    cfg = dataclasses.replace(CASES[case], devices=args.devices, seed=seed, recipe="paper",
+    cfg = dataclasses.replace(CASES[case], devices=meshes[case].size, seed=seed, recipe="paper",
                               **{k: v for k, v in (("epochs", args.epochs),
                                                    ("steps_per_epoch", args.steps_per_epoch))
                                  if v is not None})
@@ -352,16 +404,18 @@ def run(args) -> int:
     case_variants = variants(case, steps, outer=Tuning(
         outer=args.outer_every, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum),
         outer_density=args.outer_density, outer_wire=args.outer_wire)
+    if key not in case_variants:
+      continue  # dense_tuned where the case's own setting is dense's best; clip unmeasured
     variant = case_variants[key]
     recipe = case_variants["recipe"]
     if (key not in ("recipe", "dense_tuned") and "recipe" in args.variants
         and (variant.tuning, variant.options) == (recipe.tuning, recipe.options)):
       continue  # this technique alone is the recipe: its rows come from the recipe's runs
-    result = train_and_evaluate(cfg, variant, ds, mesh, progress=False)
+    result = train_and_evaluate(cfg, variant, ds, meshes[case], progress=False)
     results.setdefault(case, {"steps": steps, "runs": {}})["runs"].setdefault(
         key, []).append(result)
   rows = [row for case, r in results.items()
-          for row in summarize(case, r["runs"], r["steps"], args.target)]
+          for row in summarize(case, r["runs"], r["steps"], args.target, args.on)]
   print(write(args.out, rows, {"devices": args.devices, "seeds": args.seeds,
                                "density": DENSITY, "recipes": RECIPES}))
   return 0

@@ -24,7 +24,7 @@ Size = Literal["full", "tiny"]
 SIZES: tuple[str, ...] = typing.get_args(Size)
 
 # What a model reads; each dataset has one of these kinds (train/input_pipeline.py).
-Kind = Literal["image", "signal", "text", "corpus"]
+Kind = Literal["image", "signal", "text", "corpus", "vector"]
 
 
 class Paper(NamedTuple):
@@ -107,6 +107,9 @@ MODELS: dict[str, ModelSpec] = {
                                    ffn=3072, max_len=1024),
                      dict(vocab_size=256, hidden=32, layers=2, heads=2, ffn=64, max_len=128,
                           dropout_rate=0.0), ("corpus",), ((128,), np.int32), objective="lm"),
+    # Flax's multi-device guide's model: what a user of that guide trains with AdamW.
+    "dotrelu": ModelSpec(small.DotReluDot, dict(), dict(features=64), ("vector",),
+                         ((1024,), np.float32)),
     "cnn1d": ModelSpec(small.CNN1D, dict(), dict(features=(8, 8), hidden=16), ("signal",),
                        ((40,), np.float32)),
     "mlp": ModelSpec(small.MLP, dict(hidden=(128,)), dict(hidden=(16,)),

@@ -41,3 +41,22 @@ class MLP(nn.Module):
     for h in self.hidden:
       x = nn.relu(nn.Dense(h)(x))
     return nn.Dense(self.num_classes)(x)
+
+
+class DotReluDot(nn.Module):
+  """The model of Flax's "Scale up on multiple devices" guide: ``layers`` blocks of
+  ``Dense(features) -> relu -> Dense(features)``, no biases, LeCun-normal kernels.
+
+  Input ``(B, d)`` float32 vectors; output ``(B, features)`` (a dataset of ``features``-wide
+  targets fixes it; the guide's is 1,024 wide and 2 blocks deep, 4.2M parameters).
+  """
+
+  features: int = 1024
+  layers: int = 2
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+    for _ in range(self.layers):
+      x = nn.Dense(self.features, use_bias=False)(x)
+      x = nn.Dense(self.features, use_bias=False)(nn.relu(x))
+    return x

@@ -149,6 +149,10 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     and AdamW's ``b1`` is 0;
   * ``freeze`` (AdamW): the second moment stops after that many steps
     (:func:`spardl_jax.scale_by_frozen_adam`), decoupled weight decay as AdamW's.
+  * ``synced=1`` (AdamW): the sync averages Adam's first moment, not the gradient
+    (:func:`spardl_jax.scale_by_synced_adam`, 1-bit Adam's compression stage); its second
+    moment trains on the dense warm-up's mean gradient and freezes after ``freeze`` steps
+    (default: the warm-up's);
   * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
     with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop.
 
@@ -193,6 +197,11 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
                            momentum_masking=tuning.masking != 0,
                            clip_norm=tuning.clip, residual_decay=tuning.decay,
                            param_specs=specs, **options)
+  if tuning.synced:
+    return optax.chain(
+        sj.scale_by_synced_adam(sync, freeze_step=min(tuning.freeze or warmup, warmup),
+                                b1=momentum),
+        optax.add_decayed_weights(cfg.weight_decay), optax.scale_by_learning_rate(lr))
   if tuning.outer:
     outer = optax.sgd(tuning.outer_lr, momentum=tuning.outer_momentum or None,
                       nesterov=bool(tuning.outer_momentum))
@@ -226,6 +235,14 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
   if tuning.masking is not None and tuning.momentum is None:
     raise ValueError("masking (DGC's momentum factor masking) needs momentum=M "
                      "(DGC's momentum correction) in the same spec.")
+  if tuning.synced:
+    if cfg.optimizer != "adamw":
+      raise ValueError(f"synced=1 (Adam's first moment synced) needs --optimizer adamw, got "
+                       f"--optimizer {cfg.optimizer}.")
+    if not tuning.warmup or tuning.momentum is not None or tuning.outer:
+      raise ValueError("synced=1 trains Adam's second moment on the mean gradient of a dense "
+                       "warm-up: it needs warmup=N (N >= 1), and takes no momentum=M (the "
+                       "synced first moment is the momentum) and no outer=H.")
   if tuning.ramp and not sj.methods.is_sparse(variant.method):
     raise ValueError(f"ramp (a density warm-up) needs a sparse method with a "
                      f"density; {variant.method!r} has none.")
@@ -274,9 +291,10 @@ def create_train_state(rng: jax.Array, model: nn.Module, tx: optax.GradientTrans
 
 def _loss_terms(task: str, out: jax.Array, y: jax.Array):
   """Per-target loss and metric: cross-entropy and correctness, or squared and absolute
-  error for regression (``out`` ``(b, 1)``)."""
+  error for regression (``out`` ``(b, 1)`` for scalar targets ``y`` ``(b,)``, else shaped
+  like ``y``)."""
   if task == "regress":
-    err = out[..., 0] - y
+    err = (out[..., 0] if out.ndim == y.ndim + 1 else out) - y
     return err ** 2, jnp.abs(err)
   losses = optax.softmax_cross_entropy_with_integer_labels(out, y)
   return losses, (jnp.argmax(out, -1) == y).astype(jnp.float32)

@@ -13,7 +13,7 @@ from train import main
 FULL = {"vgg11": 9_225_281, "vgg16": 14_724_042, "vgg19": 20_081_188, "resnet20": 272_474,
         "resnet50": 25_557_032, "lstm_imdb": 35_170_306, "lstm_ptb": 66_022_000,
         "bert": 132_955_194, "gpt": 124_439_808, "cnn1d": 73_418, "mlp": 9_610,
-        "mlp_wide": 4_349_962}
+        "mlp_wide": 4_349_962, "dotrelu": 4_194_304}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -47,8 +47,8 @@ def test_tiny_size_runs_in_train_mode(name):
   assert count(variables["params"]) < 100_000
   if spec.objective:  # per-token logits
     assert out.shape == (2, shape[0], model.vocab_size)
-  else:
-    assert out.shape == (2, getattr(model, "num_classes", 10))
+  else:  # class logits, or the regression's features
+    assert out.shape == (2, getattr(model, "num_classes", getattr(model, "features", 10)))
   assert bool(jnp.all(jnp.isfinite(out)))
   # Batch-norm models update their statistics in training, the others have none.
   has_bn = name.startswith(("vgg", "resnet"))
