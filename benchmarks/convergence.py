@@ -58,7 +58,7 @@ CASES: dict[str, TrainConfig] = {
                                     eval_steps=30, lr=0.5, momentum=0.9),
     "shakespeare_bert": TrainConfig(model="bert", model_size="tiny", dataset="shakespeare",
                                     epochs=10, batch_size=64, seq_len=64, steps_per_epoch=200,
-                                    eval_steps=30, optimizer="adamw", lr=1e-3),
+                                    eval_steps=30, optimizer="adamw", lr=3e-3),
     # The Adam(W) cases (docs/adam.md): a decoder-only character model with AdamW and a
     # cosine schedule, its parameters replicated and sharded over 'model' on a (data 4,
     # model 2) mesh as Flax's "Scale up on multiple devices" guide lays it out; and that
@@ -79,7 +79,7 @@ DENSITY = 0.01
 # lower momentum elsewhere. The Adam cases' own learning rates are dense's best of a sweep
 # (docs/adam.md), so they have no other tuned dense.
 DENSE_TUNED = {"mnist1d_cnn1d": {"lr": 0.1}, "digits_resnet20": {"opt_momentum": 0.5},
-               "shakespeare_lstm": {"opt_momentum": 0.5}, "shakespeare_bert": {"freeze": 200}}
+               "shakespeare_lstm": {"opt_momentum": 0.5}}
 
 
 # The outer loop's defaults (--outer-*): the trainer's outer step; a SparDL outer sync at
@@ -133,7 +133,9 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
       "frozen": sparse(f"+ dense warm-up, frozen v ({short} steps)",
                        {"warmup": short, "freeze": short}),
       "synced": sparse(f"synced first moment, frozen v ({short} steps)",
-                       {"warmup": short, "synced": 1}),
+                       {"warmup": short, "synced": "momentum"}),
+      "preconditioned": sparse(f"preconditioned gradient synced, frozen v ({short} steps)",
+                               {"warmup": short, "synced": "preconditioned"}),
       "local": sparse("each device's Adam step synced", {"outer": 1, "outer_lr": 1.0,
                                                          "outer_momentum": 0.0}),
       "recipe_5": Variant("recipe at 5 %", "spardl", {"density": 0.05}, recipe),
@@ -155,7 +157,8 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
 VARIANT_KEYS = ("dense", "dense_tuned", "paper", "warmup", "ramp", "correction", "clip",
                 "recipe", "compact")
 OUTER_KEYS = ("recipe", "diloco", "diloco_bf16", "diloco_spardl", "sparseloco")
-ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced", "local",
+ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced",
+             "preconditioned", "local",
              "clip", "recipe", "recipe_5", "dense_bf16", "topka", "powersgd")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)

@@ -54,7 +54,7 @@ class Tuning(NamedTuple):
   outer_lr: float | None = None      # the outer Nesterov step's rate (default --outer-lr)
   outer_momentum: float | None = None  # its momentum (default --outer-momentum)
   decay: float | None = None         # SparseLoCo's error-feedback decay (residual_decay)
-  synced: int | None = None          # AdamW: 1 syncs Adam's first moment, not the gradient
+  synced: str | None = None          # AdamW: sync Adam's "momentum" or "preconditioned" gradient
 
   def given(self) -> dict[str, Any]:
     """The keys set, by name."""
@@ -82,7 +82,8 @@ TUNING: dict[str, Rule] = {
     "opt_momentum": _UNIT, "freeze": Rule(int, ">= 1", lambda v: v >= 1),
     "outer": _AT_LEAST_0, "outer_lr": _POSITIVE, "outer_momentum": _UNIT,
     "decay": Rule(float, "in [0, 1]", lambda v: 0 <= v <= 1),
-    "synced": Rule(int, "0 or 1", lambda v: v in (0, 1))}
+    "synced": Rule(str, "'momentum' or 'preconditioned'",
+                   lambda v: v in ("momentum", "preconditioned"))}
 assert tuple(TUNING) == Tuning._fields, "a rule for every tuning key"
 
 

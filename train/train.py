@@ -149,8 +149,9 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     and AdamW's ``b1`` is 0;
   * ``freeze`` (AdamW): the second moment stops after that many steps
     (:func:`spardl_jax.scale_by_frozen_adam`), decoupled weight decay as AdamW's.
-  * ``synced=1`` (AdamW): the sync averages Adam's first moment, not the gradient
-    (:func:`spardl_jax.scale_by_synced_adam`, 1-bit Adam's compression stage); its second
+  * ``synced`` (AdamW): Adam around the sync (:func:`spardl_jax.scale_by_synced_adam`):
+    ``momentum``, the sync averages Adam's first moment (1-bit Adam's compression stage);
+    ``preconditioned``, the gradient divided by Adam's frozen ``sqrt(v) + eps``. The second
     moment trains on the dense warm-up's mean gradient and freezes after ``freeze`` steps
     (default: the warm-up's);
   * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
@@ -200,7 +201,7 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   if tuning.synced:
     return optax.chain(
         sj.scale_by_synced_adam(sync, freeze_step=min(tuning.freeze or warmup, warmup),
-                                b1=momentum),
+                                b1=momentum, sends=tuning.synced),
         optax.add_decayed_weights(cfg.weight_decay), optax.scale_by_learning_rate(lr))
   if tuning.outer:
     outer = optax.sgd(tuning.outer_lr, momentum=tuning.outer_momentum or None,
@@ -237,12 +238,12 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
                      "(DGC's momentum correction) in the same spec.")
   if tuning.synced:
     if cfg.optimizer != "adamw":
-      raise ValueError(f"synced=1 (Adam's first moment synced) needs --optimizer adamw, got "
+      raise ValueError(f"synced (Adam around the sync) needs --optimizer adamw, got "
                        f"--optimizer {cfg.optimizer}.")
     if not tuning.warmup or tuning.momentum is not None or tuning.outer:
-      raise ValueError("synced=1 trains Adam's second moment on the mean gradient of a dense "
-                       "warm-up: it needs warmup=N (N >= 1), and takes no momentum=M (the "
-                       "synced first moment is the momentum) and no outer=H.")
+      raise ValueError("synced trains Adam's second moment on the mean gradient of a dense "
+                       "warm-up: it needs warmup=N (N >= 1), and takes no momentum=M (Adam's "
+                       "first moment is the momentum) and no outer=H.")
   if tuning.ramp and not sj.methods.is_sparse(variant.method):
     raise ValueError(f"ramp (a density warm-up) needs a sparse method with a "
                      f"density; {variant.method!r} has none.")

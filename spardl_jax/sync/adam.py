@@ -18,7 +18,8 @@ what is compressed is the momentum, not the gradient.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import typing
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,11 @@ from spardl_jax.core.config import check_number
 from spardl_jax.sync.state import check_sync_alone
 
 __all__ = ['ScaleByFrozenAdamState', 'scale_by_frozen_adam', 'ScaleBySyncedAdamState',
-           'scale_by_synced_adam']
+           'scale_by_synced_adam', 'Sends']
+
+# What scale_by_synced_adam's sync averages.
+Sends = Literal["momentum", "preconditioned"]
+SENDS: tuple[str, ...] = typing.get_args(Sends)
 
 
 class ScaleByFrozenAdamState(NamedTuple):
@@ -110,12 +115,19 @@ def _check(who, freeze_step, b1, b2, eps):
   return freeze_step, b1, b2, eps
 
 
-def _scaled(mu, nu, count, nu_count, b1, b2, eps):
-  """Adam's bias-corrected ``m / (sqrt(v) + eps)``, ``v``'s correction by its own count."""
-  mu_scale = 1 / (1 - b1 ** count.astype(jnp.float32))
+def _preconditioner(nu, nu_count, b2, eps, *, identity=False):
+  """Adam's divisor ``sqrt(v_hat) + eps``, ``v``'s bias correction by its own count (1s
+  where ``identity``)."""
   # Before any trained update nu is 0 (and so is mu): any finite scale gives 0.
   nu_scale = 1 / (1 - b2 ** jnp.maximum(nu_count, 1).astype(jnp.float32))
-  return jax.tree.map(lambda m, v: (m * mu_scale) / (jnp.sqrt(v * nu_scale) + eps), mu, nu)
+  return jax.tree.map(lambda v: jnp.where(identity, 1.0, jnp.sqrt(v * nu_scale) + eps), nu)
+
+
+def _scaled(mu, nu, count, nu_count, b1, b2, eps):
+  """Adam's bias-corrected ``m / (sqrt(v_hat) + eps)``."""
+  mu_scale = 1 / (1 - b1 ** count.astype(jnp.float32))
+  return jax.tree.map(lambda m, d: (m * mu_scale) / d, mu,
+                      _preconditioner(nu, nu_count, b2, eps))
 
 
 class ScaleBySyncedAdamState(NamedTuple):
@@ -138,22 +150,33 @@ class ScaleBySyncedAdamState(NamedTuple):
 
 
 def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int,
-                         b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
-                         ) -> optax.GradientTransformationExtraArgs:
-  """Adam's scaling whose first moment is averaged by ``sync`` (1-bit Adam's compression
-  stage, any sync as the compressor).
+                         b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                         sends: Sends = "momentum") -> optax.GradientTransformationExtraArgs:
+  """Adam's scaling around ``sync``: what the sync averages is Adam's first moment (1-bit
+  Adam's compression stage, any sync as the compressor) or the gradient in Adam's frozen
+  preconditioned coordinates.
 
   ``update(grads, state, params)`` runs inside the data-parallel ``jax.shard_map`` with each
-  device's own gradient ``g_i``. Each device forms ``m_i = b1 m + (1 - b1) g_i`` from the
-  shared ``m``; ``sync`` averages the ``m_i`` (its residual keeps what it did not send, so the
-  momentum's mass is delivered in full, late); the result is the new shared ``m`` and the
-  update is Adam's ``m_hat / (sqrt(v_hat) + eps)``. While the sync is dense (its
-  ``warmup_steps``) the result is exactly ``b1 m + (1 - b1) mean(g)``, so the mean gradient
-  ``(m_new - b1 m) / (1 - b1)`` trains ``v``; from update ``freeze_step + 1`` on ``v`` is
-  frozen (1-bit Adam's warm-up, then a fixed preconditioner). Use
-  ``freeze_step <= warmup_steps``: after the warm-up that difference is no longer the mean
-  gradient. A step the sync skips (a non-finite gradient, ``nonfinite='skip'``) returns
-  zeros and changes neither moment.
+  device's own gradient ``g_i``. Both modes run plain Adam on the mean gradient while the
+  sync is dense (its ``warmup_steps``), train ``v`` on that mean gradient for
+  ``freeze_step`` updates and then freeze it (1-bit Adam's warm-up, then a fixed diagonal
+  preconditioner ``D = sqrt(v_hat) + eps``, the same on every device). Use
+  ``freeze_step <= warmup_steps``: only a dense sync's result is the mean gradient.
+
+  * ``sends="momentum"``: each device forms ``m_i = b1 m + (1 - b1) g_i`` from the shared
+    ``m``; ``sync`` averages the ``m_i`` (its residual keeps what it did not send, so the
+    momentum's mass is delivered in full, late); the result is the new shared ``m``. In the
+    warm-up the mean gradient is recovered as ``(m_new - b1 m) / (1 - b1)``.
+  * ``sends="preconditioned"``: after the freeze each device sends ``g_i / D``, the
+    gradient in the coordinates where Adam's steps are all about the same size, and the
+    sync's result times ``D`` is the mean gradient that updates ``m = b1 m + (1 - b1) g``.
+    Top-k selection and its error feedback then rank and keep entries by their
+    preconditioned size: a coordinate with a small ``v`` (a rare token's embedding, a norm's
+    scale), which Adam moves as far as any other, is sent as often, where selecting on the
+    raw gradient would leave it waiting in the residual.
+
+  The update is Adam's ``m_hat / D``. A step the sync skips (a non-finite gradient,
+  ``nonfinite='skip'``) returns zeros and changes neither moment.
 
   Example:
 
@@ -174,6 +197,7 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     freeze_step: updates that train ``v`` (an int >= 1).
     b1, b2: the moments' decay rates, in [0, 1).
     eps: added to ``sqrt(v_hat)``, a finite number > 0.
+    sends: ``"momentum"`` or ``"preconditioned"`` (above).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -185,6 +209,8 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     feedback after a warm-up that freezes the variance).
   """
   freeze_step, b1, b2, eps = _check("scale_by_synced_adam", freeze_step, b1, b2, eps)
+  if sends not in SENDS:
+    raise ValueError(f"scale_by_synced_adam: sends must be one of {SENDS}, got {sends!r}.")
   if not isinstance(sync, optax.GradientTransformation):
     raise TypeError(f"scale_by_synced_adam: sync must be an optax.GradientTransformation "
                     f"(spardl_jax.spardl, spardl_jax.sync_gradients), got "
@@ -203,17 +229,28 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     if not isinstance(state, ScaleBySyncedAdamState):
       raise TypeError(f"scale_by_synced_adam: state must be the ScaleBySyncedAdamState from "
                       f"init, got {type(state).__name__}.")
-    local = jax.tree.map(lambda m, g: (b1 * m + (1 - b1) * g).astype(m.dtype), state.mu,
-                         updates)
-    synced, sync_state = sync.update(local, state.sync, params, **extra_args)
+    count = state.count + 1
+    warm = count <= freeze_step
+    if sends == "momentum":
+      local = jax.tree.map(lambda m, g: (b1 * m + (1 - b1) * g).astype(m.dtype), state.mu,
+                           updates)
+      synced, sync_state = sync.update(local, state.sync, params, **extra_args)
+      mean = jax.tree.map(lambda new, old: (new - b1 * old) / (1 - b1), synced, state.mu)
+      new_mu = synced
+    else:
+      # D = 1 in the warm-up (the sync is dense: its result is the mean gradient itself).
+      scale = _preconditioner(state.nu, state.nu_count, b2, eps, identity=warm)
+      synced, sync_state = sync.update(
+          jax.tree.map(lambda g, d: (g / d).astype(g.dtype), updates, scale), state.sync,
+          params, **extra_args)
+      mean = jax.tree.map(lambda u, d: u * d, synced, scale)
+      new_mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, mean)
     # Every device holds the same count of skipped syncs: all decide alike.
     skipped = jnp.any(sync_state.stats.nonfinite != state.sync.stats.nonfinite)
-    count = state.count + 1
-    training = (count <= freeze_step) & ~skipped
-    mu = jax.tree.map(lambda new, old: jnp.where(skipped, old, new), synced, state.mu)
-    nu = jax.tree.map(
-        lambda v, new, old: jnp.where(training, b2 * v + (1 - b2) * ((new - b1 * old) / (1 - b1))
-                                      ** 2, v), state.nu, synced, state.mu)
+    training = warm & ~skipped
+    mu = jax.tree.map(lambda new, old: jnp.where(skipped, old, new), new_mu, state.mu)
+    nu = jax.tree.map(lambda v, g: jnp.where(training, b2 * v + (1 - b2) * g ** 2, v),
+                      state.nu, mean)
     nu_count = state.nu_count + training.astype(jnp.int32)
     out = jax.tree.map(lambda u: jnp.where(skipped, jnp.zeros_like(u), u),
                        _scaled(mu, nu, count, nu_count, b1, b2, eps))

@@ -141,3 +141,20 @@ def test_staleness_lag_is_zero_when_everything_is_sent_and_grows_as_less_is(caps
   assert staleness.main(["--p", "2,4", "--densities", "0.1", "--n", "64", "--steps", "4"]) == 0
   rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| spardl")]
   assert len(rows) == 1 and rows[0].count("|") == 5
+
+
+def test_a_loss_target_is_reached_at_or_below_it():
+  """--on loss: the target is dense's mean final test loss times 2 - fraction, and a run
+  reaches it at its first evaluation at or below it (hand-made curves: steps, bytes, metric,
+  loss)."""
+  dense = [[(10, 100, 0.3, 2.5), (20, 200, 0.4, 2.0)], [(10, 100, 0.3, 2.6), (20, 200, 0.4, 2.2)]]
+  sparse = [[(10, 5, 0.3, 2.2), (20, 10, 0.4, 2.1)], [(10, 5, 0.3, 2.5), (20, 10, 0.4, 2.15)]]
+  rows = convergence.rows_at("case", {
+      key: {"variant": key, "metric": "accuracy", "bytes_per_step": 1.0, "curves": curves}
+      for key, curves in (("dense", dense), ("sparse", sparse))}, 0.98, "loss")
+  target = 1.02 * 2.1  # 2.142
+  assert {r["target"] for r in rows} == {target}
+  assert rows[0]["steps"] == [20, None]  # 2.2 > 2.142: the second dense seed never gets there
+  assert rows[1]["steps"] == [20, None] and rows[1]["final"] == [2.1, 2.15]
+  assert rows[1]["metric"] == "loss"
+  assert "of dense's final test loss" in convergence.format_table(rows)

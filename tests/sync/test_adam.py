@@ -114,7 +114,55 @@ def test_synced_adam_matches_its_numpy_model():
   assert int(state.count) == 6 and int(state.nu_count) == 2
 
 
+def numpy_preconditioned_adam(grads, *, warmup, density, b1, b2, eps):
+  """P devices, freeze_step = warmup: plain Adam on the dense mean gradient while v trains;
+  then each device sends g_i / D (D = sqrt(v_hat) + eps, frozen) through SparDL on the exact
+  wire with its residuals, and the mean times D updates m."""
+  p, n = grads[0].shape
+  m, v = np.zeros(n), np.zeros(n)
+  rs = np.zeros((p, n), np.float32)
+  for t, g in enumerate(grads, start=1):
+    if t <= warmup:
+      mean = g.astype(np.float64).mean(0)
+      v = b2 * v + (1 - b2) * mean ** 2
+    d = np.sqrt(v / (1 - b2 ** min(t, warmup))) + eps
+    if t > warmup:
+      sent, rs = reference.spardl((g / d).astype(np.float32), rs, density, wire="exact")
+      mean = sent * d
+    m = b1 * m + (1 - b1) * mean
+    yield (m / (1 - b1 ** t)) / d, rs
+
+
+def test_preconditioned_sync_matches_its_numpy_model_and_is_frozen_adam_when_dense():
+  """sends='preconditioned': SparDL at 30 % ranks g / D after a 2-step warm-up (NumPy
+  model); at density 1 the result is scale_by_frozen_adam of the mean gradient."""
+  p, n, b1, b2, eps = 4, 50, 0.9, 0.99, 1e-8
+  rng = np.random.default_rng(5)
+  grads = [harness.gradients(rng, p, n) for _ in range(5)]
+  params = {"w": jnp.zeros((n,))}
+  frozen = sj.scale_by_frozen_adam(freeze_step=2, b1=b1, b2=b2, eps=eps)
+  frozen_state = frozen.init(params)
+  for density in (0.3, 1.0):
+    tx = sj.scale_by_synced_adam(sj.spardl(density=density, wire="exact", warmup_steps=2),
+                                 freeze_step=2, b1=b1, b2=b2, eps=eps, sends="preconditioned")
+    state = sj.init_opt_state(tx, params, harness.mesh(p))
+    f = harness.update_fn(tx, p, params)
+    want = numpy_preconditioned_adam(grads, warmup=2, density=density, b1=b1, b2=b2, eps=eps)
+    for g, (want_out, want_rs) in zip(grads, want):
+      out, state = f(harness.put_rows(p, {"w": jnp.asarray(g)}), state)
+      np.testing.assert_allclose(np.asarray(out["w"]), want_out, rtol=2e-4, atol=1e-4)
+      np.testing.assert_allclose(np.asarray(state.sync.method_state.residual), want_rs,
+                                 rtol=1e-5, atol=1e-6)
+      if density == 1.0:
+        dense, frozen_state = frozen.update({"w": jnp.asarray(g.mean(0))}, frozen_state)
+        np.testing.assert_allclose(np.asarray(out["w"]), np.asarray(dense["w"]), rtol=2e-4,
+                                   atol=1e-4)
+
+
 def test_synced_adam_bad_input_is_named():
+  with pytest.raises(ValueError, match="sends must be one of .'momentum', 'preconditioned'.,"
+                                       " got 'gradient'"):
+    sj.scale_by_synced_adam(sj.spardl(), freeze_step=3, sends="gradient")
   with pytest.raises(ValueError, match="scale_by_synced_adam: freeze_step must be an int >= 1"):
     sj.scale_by_synced_adam(sj.spardl(), freeze_step=0)
   with pytest.raises(TypeError, match="sync must be an optax.GradientTransformation"):

@@ -319,6 +319,12 @@ def test_redistribution_rules():
                                        "frozen) needs --optimizer adamw"),
     (["--compare", "spardl:masking=0"], "masking (DGC's momentum factor masking) needs "
                                         "momentum=M"),
+    (["--compare", "spardl:synced=momentum"], "synced (Adam around the sync) needs "
+                                              "--optimizer adamw"),
+    (["--optimizer", "adamw", "--recipe", "paper", "--compare", "spardl:synced=momentum"],
+     "synced trains Adam's second moment on the mean gradient of a dense warm-up: it needs "
+     "warmup=N"),
+    (["--compare", "spardl:synced=1"], "synced must be 'momentum' or 'preconditioned', got 1"),
     (["--compare", "spardl:warmup=1:warmup=0"], "warmup given more than once"),
     (["--compare", "spardl:density=0.1:density=0.2"], "density given more than once"),
     (["--compare", "spardl,spardl", "--checkpoint"], "--compare lists 'spardl' more than once"),
@@ -466,3 +472,18 @@ def test_a_two_axis_mesh_shards_the_model_and_trains_like_one_axis(digits):
   for a, b in zip(jax.tree.leaves(one.state.params), jax.tree.leaves(two.state.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
   assert one.history[-1]["test_accuracy"] == pytest.approx(two.history[-1]["test_accuracy"])
+
+
+def test_vector_regression_scores_every_feature():
+  """The teacher case's targets are vectors: the loss is the squared error of each feature
+  (its weighted mean over features and examples is the guide's jnp.mean), the metric the
+  absolute error; scalar targets read the model's one output column."""
+  from train.train import _loss_terms
+
+  out = jnp.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+  y = jnp.array([[1.0, 0.0, 4.0], [1.0, -2.0, 0.0]])
+  losses, metric = _loss_terms("regress", out, y)
+  np.testing.assert_allclose(losses, [[0, 4, 1], [1, 4, 0]])
+  np.testing.assert_allclose(metric, [[0, 2, 1], [1, 2, 0]])
+  losses, _ = _loss_terms("regress", jnp.array([[2.0], [3.0]]), jnp.array([1.0, 5.0]))
+  np.testing.assert_allclose(losses, [1, 4])
