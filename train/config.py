@@ -215,12 +215,13 @@ def parse_variants(texts: list[str], **defaults) -> tuple[Variant, ...]:
 # epochs. ``recommended`` is what docs/trainer.md measured to converge fastest within a
 # tenth of dense's bytes; ``paper`` is the plain SparDL of the paper, for the ablation.
 # SGD: the residual already stores past gradient, so the optimizer replays less of it
-# (momentum 0.5 at the same lr / (1 - momentum)). AdamW: DGC's momentum correction (b1
-# moves before the sync) after a short dense warm-up that trains Adam's second moment,
-# which then stays frozen (1-bit Adam).
-RECIPES: dict[str, dict[str, dict[str, float]]] = {
+# (momentum 0.5 at the same lr / (1 - momentum)). AdamW: 1-bit Adam's compression stage with
+# the sync as its compressor: a short dense warm-up trains Adam's second moment on the mean
+# gradient, which then stays frozen, and the sync averages Adam's first moment (with its
+# error feedback) in place of the gradient (docs/adam.md measured it against the pieces).
+RECIPES: dict[str, dict[str, dict[str, float | str]]] = {
     "recommended": {"sgd": {"opt_momentum": 0.5},
-                    "adamw": {"momentum": 0.9, "warmup_epochs": 0.25, "freeze_epochs": 0.25}},
+                    "adamw": {"warmup_epochs": 0.25, "synced": "momentum"}},
     "paper": {"sgd": {}, "adamw": {}},
 }
 _EPOCH_KEYS = {"warmup_epochs": "warmup", "ramp_epochs": "ramp", "freeze_epochs": "freeze"}
@@ -237,7 +238,7 @@ def recipe_tuning(name: str, *, optimizer: str, steps_per_epoch: int | None) -> 
       if steps_per_epoch is None:
         raise ValueError(f"recipe {name!r} has lengths in epochs ({key}): pass "
                          f"steps_per_epoch.")
-      tuning[_EPOCH_KEYS[key]] = max(1, round(value * steps_per_epoch))
+      tuning[_EPOCH_KEYS[key]] = max(1, round(float(value) * steps_per_epoch))
     else:
       tuning[key] = value
   return Tuning(**tuning)

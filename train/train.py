@@ -228,8 +228,11 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
     raise ValueError("outer_lr and outer_momentum (the outer loop's step) need outer=H "
                      "in the same spec, or --outer-every H.")
   if sj.methods.is_sparse(variant.method) and not every:  # the recipe fills in the rest
-    tuning = tuning.over(recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
-                                       steps_per_epoch=steps_per_epoch))
+    recipe = recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
+                           steps_per_epoch=steps_per_epoch)
+    if tuning.momentum is not None:  # DGC's momentum correction in place of Adam's around
+      recipe = recipe._replace(synced=None)
+    tuning = tuning.over(recipe)
   if tuning.freeze is not None and cfg.optimizer != "adamw":
     raise ValueError(f"freeze (Adam's second moment frozen) needs --optimizer "
                      f"adamw, got --optimizer {cfg.optimizer}.")
