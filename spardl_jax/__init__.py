@@ -26,7 +26,7 @@ from spardl_jax.sync import methods
 from spardl_jax.sync.density import DensityRule, density_rule
 from spardl_jax.sync.levels import density_warmup
 from spardl_jax.sync.adam import (ScaleByFrozenAdamState, ScaleBySyncedAdamState,
-                                  scale_by_frozen_adam, scale_by_synced_adam)
+                                  scale_by_frozen_adam, scale_by_synced_adam, synced_adamw)
 from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
                                            opt_state_shardings, opt_state_specs,
                                            sync_state_filter)
@@ -67,6 +67,7 @@ __all__ = (
     "replica_params",
     "scale_by_frozen_adam",
     "scale_by_synced_adam",
+    "synced_adamw",
     "schedule",
     "sharded_allreduce",
     "spardl",

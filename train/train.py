@@ -151,9 +151,9 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     (:func:`spardl_jax.scale_by_frozen_adam`), decoupled weight decay as AdamW's.
   * ``synced`` (AdamW): Adam around the sync (:func:`spardl_jax.scale_by_synced_adam`):
     ``momentum``, the sync averages Adam's first moment (1-bit Adam's compression stage);
-    ``preconditioned``, the gradient divided by Adam's frozen ``sqrt(v) + eps``. The second
-    moment trains on the dense warm-up's mean gradient and freezes after ``freeze`` steps
-    (default: the warm-up's);
+    ``preconditioned``, the gradient divided by Adam's frozen ``sqrt(v) + eps``
+    (:func:`spardl_jax.synced_adamw`). The second moment trains on the dense warm-up's mean
+    gradient and freezes at its end;
   * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
     with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop.
 
@@ -193,16 +193,13 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   if tuning.ramp:
     options["density"] = sj.density_warmup(options["density"], steps=tuning.ramp,
                                            at=warmup)
-  sync = sj.sync_gradients(variant.method, axis_name=cfg.axis_name, warmup_steps=warmup,
-                           momentum=tuning.momentum,
-                           momentum_masking=tuning.masking != 0,
-                           clip_norm=tuning.clip, residual_decay=tuning.decay,
-                           param_specs=specs, **options)
+  sync_options = dict(axis_name=cfg.axis_name, clip_norm=tuning.clip,
+                      residual_decay=tuning.decay, param_specs=specs, **options)
   if tuning.synced:
-    return optax.chain(
-        sj.scale_by_synced_adam(sync, freeze_step=min(tuning.freeze or warmup, warmup),
-                                b1=momentum, sends=tuning.synced),
-        optax.add_decayed_weights(cfg.weight_decay), optax.scale_by_learning_rate(lr))
+    return sj.synced_adamw(lr, warmup_steps=warmup, method=variant.method, b1=momentum,
+                           weight_decay=cfg.weight_decay, sends=tuning.synced, **sync_options)
+  sync = sj.sync_gradients(variant.method, warmup_steps=warmup, momentum=tuning.momentum,
+                           momentum_masking=tuning.masking != 0, **sync_options)
   if tuning.outer:
     outer = optax.sgd(tuning.outer_lr, momentum=tuning.outer_momentum or None,
                       nesterov=bool(tuning.outer_momentum))
@@ -243,10 +240,12 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
     if cfg.optimizer != "adamw":
       raise ValueError(f"synced (Adam around the sync) needs --optimizer adamw, got "
                        f"--optimizer {cfg.optimizer}.")
-    if not tuning.warmup or tuning.momentum is not None or tuning.outer:
+    if (not tuning.warmup or tuning.momentum is not None or tuning.outer
+        or tuning.freeze not in (None, tuning.warmup)):
       raise ValueError("synced trains Adam's second moment on the mean gradient of a dense "
-                       "warm-up: it needs warmup=N (N >= 1), and takes no momentum=M (Adam's "
-                       "first moment is the momentum) and no outer=H.")
+                       "warm-up and freezes it there: it needs warmup=N (N >= 1), and takes "
+                       "no momentum=M (Adam's first moment is the momentum), no outer=H and "
+                       "no other freeze.")
   if tuning.ramp and not sj.methods.is_sparse(variant.method):
     raise ValueError(f"ramp (a density warm-up) needs a sparse method with a "
                      f"density; {variant.method!r} has none.")

@@ -322,8 +322,8 @@ def test_redistribution_rules():
     (["--compare", "spardl:synced=momentum"], "synced (Adam around the sync) needs "
                                               "--optimizer adamw"),
     (["--optimizer", "adamw", "--recipe", "paper", "--compare", "spardl:synced=momentum"],
-     "synced trains Adam's second moment on the mean gradient of a dense warm-up: it needs "
-     "warmup=N"),
+     "synced trains Adam's second moment on the mean gradient of a dense warm-up and freezes "
+     "it there: it needs warmup=N"),
     (["--compare", "spardl:synced=1"], "synced must be 'momentum' or 'preconditioned', got 1"),
     (["--compare", "spardl:warmup=1:warmup=0"], "warmup given more than once"),
     (["--compare", "spardl:density=0.1:density=0.2"], "density given more than once"),
