@@ -55,6 +55,7 @@ class Tuning(NamedTuple):
   outer_momentum: float | None = None  # its momentum (default --outer-momentum)
   decay: float | None = None         # SparseLoCo's error-feedback decay (residual_decay)
   synced: str | None = None          # AdamW: sync Adam's "momentum" or "preconditioned" gradient
+  second_moment: str | None = None   # with synced: v "frozen" after the warm-up, or trained where "sent"
 
   def given(self) -> dict[str, Any]:
     """The keys set, by name."""
@@ -83,7 +84,8 @@ TUNING: dict[str, Rule] = {
     "outer": _AT_LEAST_0, "outer_lr": _POSITIVE, "outer_momentum": _UNIT,
     "decay": Rule(float, "in [0, 1]", lambda v: 0 <= v <= 1),
     "synced": Rule(str, "'momentum' or 'preconditioned'",
-                   lambda v: v in ("momentum", "preconditioned"))}
+                   lambda v: v in ("momentum", "preconditioned")),
+    "second_moment": Rule(str, "'frozen' or 'sent'", lambda v: v in ("frozen", "sent"))}
 assert tuple(TUNING) == Tuning._fields, "a rule for every tuning key"
 
 

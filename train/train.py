@@ -197,7 +197,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
                       residual_decay=tuning.decay, param_specs=specs, **options)
   if tuning.synced:
     return sj.synced_adamw(lr, warmup_steps=warmup, method=variant.method, b1=momentum,
-                           weight_decay=cfg.weight_decay, sends=tuning.synced, **sync_options)
+                           weight_decay=cfg.weight_decay, sends=tuning.synced,
+                           second_moment=tuning.second_moment or "frozen", **sync_options)
   sync = sj.sync_gradients(variant.method, warmup_steps=warmup, momentum=tuning.momentum,
                            momentum_masking=tuning.masking != 0, **sync_options)
   if tuning.outer:
@@ -246,6 +247,9 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
                        "warm-up and freezes it there: it needs warmup=N (N >= 1), and takes "
                        "no momentum=M (Adam's first moment is the momentum), no outer=H and "
                        "no other freeze.")
+  if tuning.second_moment and not tuning.synced:
+    raise ValueError("second_moment (Adam's v after the warm-up) needs synced=momentum or "
+                     "synced=preconditioned in the same spec.")
   if tuning.ramp and not sj.methods.is_sparse(variant.method):
     raise ValueError(f"ramp (a density warm-up) needs a sparse method with a "
                      f"density; {variant.method!r} has none.")

@@ -30,11 +30,14 @@ from spardl_jax.sync.state import check_sync_alone
 from spardl_jax.sync.transform import sync_gradients
 
 __all__ = ['ScaleByFrozenAdamState', 'scale_by_frozen_adam', 'ScaleBySyncedAdamState',
-           'scale_by_synced_adam', 'Sends', 'synced_adamw']
+           'scale_by_synced_adam', 'Sends', 'SecondMoment', 'synced_adamw']
 
-# What scale_by_synced_adam's sync averages.
+# What scale_by_synced_adam's sync averages, and what its second moment does after the
+# warm-up.
 Sends = Literal["momentum", "preconditioned"]
 SENDS: tuple[str, ...] = typing.get_args(Sends)
+SecondMoment = Literal["frozen", "sent"]
+SECOND_MOMENTS: tuple[str, ...] = typing.get_args(SecondMoment)
 
 
 class ScaleByFrozenAdamState(NamedTuple):
@@ -117,11 +120,16 @@ def _check(who, freeze_step, b1, b2, eps):
 
 
 def _preconditioner(nu, nu_count, b2, eps, *, identity=False):
-  """Adam's divisor ``sqrt(v_hat) + eps``, ``v``'s bias correction by its own count (1s
-  where ``identity``)."""
-  # Before any trained update nu is 0 (and so is mu): any finite scale gives 0.
-  nu_scale = 1 / (1 - b2 ** jnp.maximum(nu_count, 1).astype(jnp.float32))
-  return jax.tree.map(lambda v: jnp.where(identity, 1.0, jnp.sqrt(v * nu_scale) + eps), nu)
+  """Adam's divisor ``sqrt(v_hat) + eps``, ``v``'s bias correction by its own count (a
+  scalar, or one per coordinate), 1s where ``identity``."""
+  def divisor(v, c):
+    # Before any trained update nu is 0 (and so is mu): any finite scale gives 0.
+    v_hat = v / (1 - b2 ** jnp.maximum(c, 1).astype(jnp.float32))
+    return jnp.where(identity, 1.0, jnp.sqrt(v_hat) + eps)
+
+  if isinstance(nu_count, jax.Array) and nu_count.ndim == 0:
+    return jax.tree.map(lambda v: divisor(v, nu_count), nu)
+  return jax.tree.map(divisor, nu, nu_count)
 
 
 def _scaled(mu, nu, count, nu_count, b1, b2, eps):
@@ -137,22 +145,27 @@ class ScaleBySyncedAdamState(NamedTuple):
   Attributes:
     count: () int32, the updates so far.
     mu: the shared first moment (what the sync returned; the same on every device).
-    nu: the second moment, trained on the mean gradient until ``freeze_step``, then frozen.
-    nu_count: () int32, the updates that trained ``nu``.
+    nu: the second moment, trained on the mean gradient in the warm-up, then frozen or
+      trained where the sync delivers (``second_moment``).
+    nu_count: int32 per coordinate (the params' structure), the steps ``nu`` covers (its
+      bias correction).
     sync: the sync's :class:`~spardl_jax.SyncState` (its residual is the momentum's error
       feedback).
+    sent_at: int32 per coordinate, the update at which the sync last delivered it.
   """
 
   count: jax.Array  # type: ignore[assignment]  # a field named count shadows tuple.count
   mu: optax.Updates
   nu: optax.Updates
-  nu_count: jax.Array
+  nu_count: optax.Updates
   sync: Any
+  sent_at: optax.Updates
 
 
 def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int,
                          b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-                         sends: Sends = "momentum") -> optax.GradientTransformationExtraArgs:
+                         sends: Sends = "momentum", second_moment: SecondMoment = "frozen"
+                         ) -> optax.GradientTransformationExtraArgs:
   """Adam's scaling around ``sync``: what the sync averages is Adam's first moment (1-bit
   Adam's compression stage, any sync as the compressor) or the gradient in Adam's frozen
   preconditioned coordinates.
@@ -175,6 +188,11 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     preconditioned size: a coordinate with a small ``v`` (a rare token's embedding, a norm's
     scale), which Adam moves as far as any other, is sent as often, where selecting on the
     raw gradient would leave it waiting in the residual.
+
+  ``second_moment="sent"`` keeps training ``v`` after the warm-up where the sync delivers:
+  a coordinate delivered ``a`` updates after its last delivery carries about ``a`` steps of
+  mean gradient (its residual's), so ``v <- b2^a v + (1 - b2^a) (g_sent / a)^2`` with
+  ``a`` more steps in its bias correction; coordinates not delivered keep ``v``.
 
   The update is Adam's ``m_hat / D``. A step the sync skips (a non-finite gradient,
   ``nonfinite='skip'``) returns zeros and changes neither moment.
@@ -199,6 +217,7 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     b1, b2: the moments' decay rates, in [0, 1).
     eps: added to ``sqrt(v_hat)``, a finite number > 0.
     sends: ``"momentum"`` or ``"preconditioned"`` (above).
+    second_moment: ``"frozen"`` after the warm-up, or trained where ``"sent"`` (above).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -212,6 +231,9 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
   freeze_step, b1, b2, eps = _check("scale_by_synced_adam", freeze_step, b1, b2, eps)
   if sends not in SENDS:
     raise ValueError(f"scale_by_synced_adam: sends must be one of {SENDS}, got {sends!r}.")
+  if second_moment not in SECOND_MOMENTS:
+    raise ValueError(f"scale_by_synced_adam: second_moment must be one of {SECOND_MOMENTS}, "
+                     f"got {second_moment!r}.")
   if not isinstance(sync, optax.GradientTransformation):
     raise TypeError(f"scale_by_synced_adam: sync must be an optax.GradientTransformation "
                     f"(spardl_jax.spardl, spardl_jax.sync_gradients), got "
@@ -222,9 +244,10 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     sync_state = sync.init(params)
     check_sync_alone(sync_state, "scale_by_synced_adam",
                      "averages each device's first moment over the data axis")
-    zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
+    zeros = lambda dtype=None: jax.tree.map(  # noqa: E731
+        lambda p: jnp.zeros_like(p, dtype), params)
     return ScaleBySyncedAdamState(jnp.zeros((), jnp.int32), zeros(), zeros(),
-                                  jnp.zeros((), jnp.int32), sync_state)
+                                  zeros(jnp.int32), sync_state, zeros(jnp.int32))
 
   def update_fn(updates, state, params=None, **extra_args):
     if not isinstance(state, ScaleBySyncedAdamState):
@@ -248,14 +271,20 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
       new_mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, mean)
     # Every device holds the same count of skipped syncs: all decide alike.
     skipped = jnp.any(sync_state.stats.nonfinite != state.sync.stats.nonfinite)
-    training = warm & ~skipped
+    sent = jax.tree.map(
+        lambda u: ~skipped & (warm | ((second_moment == "sent") & (u != 0))), synced)
+    # In the warm-up each delivery is one step's mean gradient (a skipped step, none).
+    age = jax.tree.map(lambda at: jnp.where(warm, 1, count - at), state.sent_at)
+    nu = jax.tree.map(
+        lambda v, g, a, hit: jnp.where(hit, b2 ** a * v + (1 - b2 ** a) * (g / a) ** 2, v),
+        state.nu, mean, age, sent)
+    nu_count = jax.tree.map(lambda c, a, hit: jnp.where(hit, c + a, c), state.nu_count, age,
+                            sent)
+    sent_at = jax.tree.map(lambda at, hit: jnp.where(hit, count, at), state.sent_at, sent)
     mu = jax.tree.map(lambda new, old: jnp.where(skipped, old, new), new_mu, state.mu)
-    nu = jax.tree.map(lambda v, g: jnp.where(training, b2 * v + (1 - b2) * g ** 2, v),
-                      state.nu, mean)
-    nu_count = state.nu_count + training.astype(jnp.int32)
     out = jax.tree.map(lambda u: jnp.where(skipped, jnp.zeros_like(u), u),
                        _scaled(mu, nu, count, nu_count, b1, b2, eps))
-    return out, ScaleBySyncedAdamState(count, mu, nu, nu_count, sync_state)
+    return out, ScaleBySyncedAdamState(count, mu, nu, nu_count, sync_state, sent_at)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -263,8 +292,8 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
 def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
                  density=0.01, method: str = "spardl", b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 1e-4, mask=None,
-                 sends: Sends = "momentum", **sync_options
-                 ) -> optax.GradientTransformationExtraArgs:
+                 sends: Sends = "momentum", second_moment: SecondMoment = "frozen",
+                 **sync_options) -> optax.GradientTransformationExtraArgs:
   """AdamW with a sparse sync inside: the trainer's AdamW recipe as one transformation.
 
   ``optax.chain(sj.spardl(...), optax.adamw(...))`` normalises a gradient that arrives in
@@ -297,6 +326,7 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
       applies to, as ``optax.adamw``'s.
     sends: ``"momentum"`` (1-bit Adam's compression stage) or ``"preconditioned"`` (see
       :func:`scale_by_synced_adam`).
+    second_moment: ``"frozen"`` after the warm-up or trained where ``"sent"`` (ibid.).
     **sync_options: :func:`~spardl_jax.sync_gradients`' other options (``axis_name``,
       ``wire``, ``param_specs``, ...).
 
@@ -308,5 +338,6 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
                               integral=True, accept=lambda s: s >= 1)
   sync = sync_gradients(method, density=density, warmup_steps=warmup_steps, **sync_options)
   return optax.chain(
-      scale_by_synced_adam(sync, freeze_step=warmup_steps, b1=b1, b2=b2, eps=eps, sends=sends),
+      scale_by_synced_adam(sync, freeze_step=warmup_steps, b1=b1, b2=b2, eps=eps, sends=sends,
+                           second_moment=second_moment),
       optax.add_decayed_weights(weight_decay, mask), optax.scale_by_learning_rate(learning_rate))
