@@ -217,13 +217,15 @@ def parse_variants(texts: list[str], **defaults) -> tuple[Variant, ...]:
 # epochs. ``recommended`` is what docs/trainer.md measured to converge fastest within a
 # tenth of dense's bytes; ``paper`` is the plain SparDL of the paper, for the ablation.
 # SGD: the residual already stores past gradient, so the optimizer replays less of it
-# (momentum 0.5 at the same lr / (1 - momentum)). AdamW: 1-bit Adam's compression stage with
-# the sync as its compressor: a short dense warm-up trains Adam's second moment on the mean
-# gradient, which then stays frozen, and the sync averages Adam's first moment (with its
-# error feedback) in place of the gradient (docs/adam.md measured it against the pieces).
+# (momentum 0.5 at the same lr / (1 - momentum)). AdamW: Adam around the sync, as in 1-bit
+# Adam's compression stage: a short dense warm-up trains Adam's second moment on the mean
+# gradient, then the sync averages Adam's first moment (with its error feedback) in place of
+# the gradient, and the second moment trains on what the sync delivers
+# (benchmarks/results/adam.md measured it against the pieces).
 RECIPES: dict[str, dict[str, dict[str, float | str]]] = {
     "recommended": {"sgd": {"opt_momentum": 0.5},
-                    "adamw": {"warmup_epochs": 0.25, "synced": "momentum"}},
+                    "adamw": {"warmup_epochs": 0.25, "synced": "momentum",
+                              "second_moment": "sent"}},
     "paper": {"sgd": {}, "adamw": {}},
 }
 _EPOCH_KEYS = {"warmup_epochs": "warmup", "ramp_epochs": "ramp", "freeze_epochs": "freeze"}

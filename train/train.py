@@ -229,7 +229,7 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
     recipe = recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
                            steps_per_epoch=steps_per_epoch)
     if tuning.momentum is not None:  # DGC's momentum correction in place of Adam's around
-      recipe = recipe._replace(synced=None)
+      recipe = recipe._replace(synced=None, second_moment=None)
     tuning = tuning.over(recipe)
   if tuning.freeze is not None and cfg.optimizer != "adamw":
     raise ValueError(f"freeze (Adam's second moment frozen) needs --optimizer "

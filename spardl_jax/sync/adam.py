@@ -292,7 +292,7 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
 def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
                  density=0.01, method: str = "spardl", b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 1e-4, mask=None,
-                 sends: Sends = "momentum", second_moment: SecondMoment = "frozen",
+                 sends: Sends = "momentum", second_moment: SecondMoment = "sent",
                  **sync_options) -> optax.GradientTransformationExtraArgs:
   """AdamW with a sparse sync inside: the trainer's AdamW recipe as one transformation.
 
@@ -300,10 +300,12 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
   bursts (a coordinate sent once in a hundred steps carries a hundred steps of residual),
   which Adam's per-coordinate ``v`` undoes. This is instead
   ``scale_by_synced_adam(sync_gradients(method, density=density,
-  warmup_steps=warmup_steps, ...), freeze_step=warmup_steps, sends=sends)`` followed by
+  warmup_steps=warmup_steps, ...), freeze_step=warmup_steps, sends=sends,
+  second_moment=second_moment)`` followed by
   AdamW's decoupled weight decay and ``-learning_rate``: plain AdamW on the mean gradient
-  for ``warmup_steps`` dense syncs, then ``v`` frozen and Adam's first moment (by default)
-  averaged by the sparse sync with its error feedback. Use it in place of the whole
+  for ``warmup_steps`` dense syncs, then Adam's first moment (by default) averaged by the
+  sparse sync with its error feedback, and ``v`` trained where the sync delivers (by
+  default; ``second_moment="frozen"`` is 1-bit Adam's). Use it in place of the whole
   ``chain(sync, adamw)``; ``update`` runs inside the data-parallel ``jax.shard_map``.
 
   Example:
@@ -326,7 +328,7 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
       applies to, as ``optax.adamw``'s.
     sends: ``"momentum"`` (1-bit Adam's compression stage) or ``"preconditioned"`` (see
       :func:`scale_by_synced_adam`).
-    second_moment: ``"frozen"`` after the warm-up or trained where ``"sent"`` (ibid.).
+    second_moment: trained where ``"sent"`` after the warm-up, or ``"frozen"`` (ibid.).
     **sync_options: :func:`~spardl_jax.sync_gradients`' other options (``axis_name``,
       ``wire``, ``param_specs``, ...).
 

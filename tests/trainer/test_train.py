@@ -325,6 +325,9 @@ def test_redistribution_rules():
      "synced trains Adam's second moment on the mean gradient of a dense warm-up and freezes "
      "it there: it needs warmup=N"),
     (["--compare", "spardl:synced=1"], "synced must be 'momentum' or 'preconditioned', got 1"),
+    (["--optimizer", "adamw", "--compare", "spardl:second_moment=sent:momentum=0.9"],
+     "second_moment (Adam's v after the warm-up) needs synced=momentum or "
+     "synced=preconditioned in the same spec"),
     (["--compare", "spardl:warmup=1:warmup=0"], "warmup given more than once"),
     (["--compare", "spardl:density=0.1:density=0.2"], "density given more than once"),
     (["--compare", "spardl,spardl", "--checkpoint"], "--compare lists 'spardl' more than once"),
