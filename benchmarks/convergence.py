@@ -284,8 +284,7 @@ def rows_at(case: str, variants: dict[str, dict], fraction: float,
     if key == "dense":
       dense_steps, dense_bytes = mean_steps, mean_bytes
     rows.append({
-        "case": case, "key": key, "variant": run["variant"],
-        "metric": run["metric"] if on == "metric" else "loss",
+        "case": case, "key": key, "variant": run["variant"], "metric": run["metric"], "on": on,
         "target": target, "fraction": fraction, "steps": steps, "mean_steps": mean_steps,
         "steps_ratio": mean_steps / dense_steps if mean_steps and dense_steps else None,
         "final": [final(c) for c in run["curves"]], "bytes_to_target": mean_bytes,
@@ -302,7 +301,7 @@ def rows_at(case: str, variants: dict[str, dict], fraction: float,
 def format_table(rows: list[dict]) -> str:
   """The Markdown table of :func:`summarize`'s rows."""
   fractions = sorted({r.get("fraction", 0.95) for r in rows})
-  loss = rows and rows[0]["metric"] == "loss"
+  loss = bool(rows) and rows[0].get("on") == "loss"
   lines = [f"Target: {', '.join(f'{2 - f:.0%}' if loss else f'{f:.0%}' for f in fractions)} "
            f"of dense's final test {'loss' if loss else 'metric'} (mean over the seeds).", "",
            f"| case | variant | steps to target (per seed) | × dense | × best dense | final "
@@ -335,13 +334,14 @@ def plot(path: str, rows: list[dict]) -> None:
       curves = np.array(r["curves"])  # (seeds, epochs, 3)
       style = dict(marker=".", label=r["variant"], lw=2.2 if r["key"] in ("dense", "recipe")
                    else 1.0)
-      value = curves[:, :, 3 if r["metric"] == "loss" else 2].mean(0)
+      value = curves[:, :, 3 if r.get("on") == "loss" else 2].mean(0)
       ax_steps.plot(curves[0, :, 0], value, **style)
       ax_bytes.plot(curves[:, :, 1].mean(0), value, **style)
     target = next(r["target"] for r in rows if r["case"] == case)
     for ax, xlabel in ((ax_steps, "train steps"), (ax_bytes, "bytes sent per device")):
       ax.axhline(target, ls=":", c="k", lw=0.8)
-      ax.set(title=case, xlabel=xlabel, ylabel=f"test {r['metric']}")
+      ax.set(title=case, xlabel=xlabel,
+             ylabel=f"test {'loss' if r.get('on') == 'loss' else r['metric']}")
       ax.grid(alpha=0.3)
     ax_bytes.set_xscale("log")
     ax_steps.legend(fontsize=7)

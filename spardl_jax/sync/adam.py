@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from spardl_jax.core.config import check_number
+from spardl_jax.sync.methods import is_sparse, names
 from spardl_jax.sync.state import check_sync_alone
 from spardl_jax.sync.transform import sync_gradients
 
@@ -321,7 +322,8 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
     learning_rate: a float or an optax schedule, as ``optax.adamw``'s.
     warmup_steps: dense syncs first, which train ``v`` (an int >= 1; about 2.5 % of the
       run measured best within a fifteenth of dense's bytes, docs/adam.md).
-    density: the sparse method's density (or schedule, or ``"auto"``).
+    density: the sparse method's density (or schedule, or ``"auto"``); a method that
+      keeps no fraction of the entries (``"powersgd"``, ``"dense"``) takes none.
     method: a registered method with a density (``"spardl"``, ``"topka"``, ...).
     b1, b2, eps: Adam's.
     weight_decay, mask: AdamW's decoupled weight decay and the mask of the leaves it
@@ -338,7 +340,9 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
   """
   warmup_steps = check_number("synced_adamw", "warmup_steps", warmup_steps, "an int >= 1",
                               integral=True, accept=lambda s: s >= 1)
-  sync = sync_gradients(method, density=density, warmup_steps=warmup_steps, **sync_options)
+  if method in names() and is_sparse(method):  # an unknown one: sync_gradients names them
+    sync_options["density"] = density
+  sync = sync_gradients(method, warmup_steps=warmup_steps, **sync_options)
   return optax.chain(
       scale_by_synced_adam(sync, freeze_step=warmup_steps, b1=b1, b2=b2, eps=eps, sends=sends,
                            second_moment=second_moment),

@@ -156,5 +156,5 @@ def test_a_loss_target_is_reached_at_or_below_it():
   assert {r["target"] for r in rows} == {target}
   assert rows[0]["steps"] == [20, None]  # 2.2 > 2.142: the second dense seed never gets there
   assert rows[1]["steps"] == [20, None] and rows[1]["final"] == [2.1, 2.15]
-  assert rows[1]["metric"] == "loss"
+  assert rows[1]["on"] == "loss" and rows[1]["metric"] == "accuracy"
   assert "of dense's final test loss" in convergence.format_table(rows)

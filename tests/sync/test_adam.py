@@ -88,6 +88,53 @@ def numpy_synced_adam(grads, *, warmup, freeze_step, density, b1, b2, eps):
     yield (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** min(t, freeze_step))) + eps), rs
 
 
+def numpy_synced_adam_sent(grads, *, warmup, density, b1, b2, eps):
+  """As numpy_synced_adam, and after the warm-up v trains where the sync delivered: a
+  coordinate delivered a steps after its last delivery gets v <- b2^a v + (1 - b2^a)
+  (mean / a)^2, with a more steps in its own bias correction."""
+  p, n = grads[0].shape
+  m, v = np.zeros(n), np.zeros(n)
+  covered, last = np.zeros(n), np.zeros(n)
+  rs = np.zeros((p, n), np.float32)
+  for t, g in enumerate(grads, start=1):
+    local = (b1 * m + (1 - b1) * g).astype(np.float32)
+    if t <= warmup:
+      new = (local + rs).astype(np.float64).mean(0)
+      rs = np.zeros_like(rs)
+      hit, age = np.ones(n, bool), np.ones(n)
+    else:
+      new, rs = reference.spardl(local, rs, density, wire="exact")
+      hit, age = new != 0, t - last
+    mean = (new - b1 * m) / (1 - b1)
+    v = np.where(hit, b2 ** age * v + (1 - b2 ** age) * (mean / age) ** 2, v)
+    covered = np.where(hit, covered + age, covered)
+    last = np.where(hit, t, last)
+    m = new
+    yield (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** covered)) + eps)
+
+
+def test_second_moment_trains_where_the_sync_delivers():
+  """second_moment='sent' against its NumPy model (SparDL at 20 %, so coordinates wait
+  several steps), and synced_adamw is that transformation with AdamW's decay and -lr."""
+  p, n, b1, b2, eps, lr, wd = 4, 60, 0.9, 0.99, 1e-8, 0.1, 0.01
+  rng = np.random.default_rng(4)
+  grads = [harness.gradients(rng, p, n) for _ in range(7)]
+  params = {"w": jnp.asarray(rng.standard_normal(n), jnp.float32)}
+  tx = sj.synced_adamw(lr, warmup_steps=2, density=0.2, wire="exact", b1=b1, b2=b2, eps=eps,
+                       weight_decay=wd)
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  f = harness.update_fn(tx, p, params)
+  want = numpy_synced_adam_sent(grads, warmup=2, density=0.2, b1=b1, b2=b2, eps=eps)
+  ages = []
+  for t, (g, want_adam) in enumerate(zip(grads, want), start=1):
+    out, state = f(harness.put_rows(p, {"w": jnp.asarray(g)}), state)
+    np.testing.assert_allclose(np.asarray(out["w"]),
+                               -lr * (want_adam + wd * np.asarray(params["w"])),
+                               rtol=2e-4, atol=1e-5)
+    ages.append(t - np.asarray(state[0].sent_at["w"]))
+  assert np.asarray(ages[-1]).max() >= 2  # some coordinates waited, and were trained late
+
+
 def test_synced_adam_matches_its_numpy_model():
   """Two dense steps train v on the mean gradient (recovered from the synced momentum), then
   the momentum goes through SparDL at 30 % with its error feedback; a non-finite step
@@ -167,6 +214,10 @@ def test_synced_adam_bad_input_is_named():
     sj.scale_by_synced_adam(sj.spardl(), freeze_step=3, second_moment="adaptive")
   with pytest.raises(ValueError, match="synced_adamw: warmup_steps must be an int >= 1, got 0"):
     sj.synced_adamw(1e-3, warmup_steps=0)
+  with pytest.raises(ValueError, match="nosuch"):
+    sj.synced_adamw(1e-3, warmup_steps=3, method="nosuch")
+  # A method without a density takes none (PowerSGD's rank instead).
+  assert sj.synced_adamw(1e-3, warmup_steps=3, method="powersgd", rank=2)
   with pytest.raises(ValueError, match="scale_by_synced_adam: freeze_step must be an int >= 1"):
     sj.scale_by_synced_adam(sj.spardl(), freeze_step=0)
   with pytest.raises(TypeError, match="sync must be an optax.GradientTransformation"):
