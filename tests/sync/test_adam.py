@@ -68,30 +68,13 @@ def test_a_skipped_step_does_not_train_the_second_moment():
   np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=1e-6)
 
 
-def numpy_synced_adam(grads, *, warmup, freeze_step, density, b1, b2, eps):
+def numpy_synced_adam(grads, *, warmup, freeze_step, density, b1, b2, eps,
+                      second_moment="frozen"):
   """P devices: m_i = b1 m + (1 - b1) g_i; the sync's mean of the m_i (dense with the
   residual delivered during the warm-up, then SparDL on the exact wire with its residuals);
-  v trained on the true mean gradient until freeze_step; Adam's bias corrections."""
-  p, n = grads[0].shape
-  m = np.zeros(n)
-  v = np.zeros(n)
-  rs = np.zeros((p, n), np.float32)
-  for t, g in enumerate(grads, start=1):
-    local = (b1 * m + (1 - b1) * g).astype(np.float32)
-    if t <= warmup:
-      m = (local + rs).astype(np.float64).mean(0)
-      rs = np.zeros_like(rs)
-    else:
-      m, rs = reference.spardl(local, rs, density, wire="exact")
-    if t <= freeze_step:
-      v = b2 * v + (1 - b2) * g.astype(np.float64).mean(0) ** 2
-    yield (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** min(t, freeze_step))) + eps), rs
-
-
-def numpy_synced_adam_sent(grads, *, warmup, density, b1, b2, eps):
-  """As numpy_synced_adam, and after the warm-up v trains where the sync delivered: a
-  coordinate delivered a steps after its last delivery gets v <- b2^a v + (1 - b2^a)
-  (mean / a)^2, with a more steps in its own bias correction."""
+  v trained on the true mean gradient until freeze_step, then frozen, or ('sent') trained
+  where the sync delivered: a coordinate delivered a steps after its last delivery gets
+  v <- b2^a v + (1 - b2^a) (mean / a)^2, with a more steps in its own bias correction."""
   p, n = grads[0].shape
   m, v = np.zeros(n), np.zeros(n)
   covered, last = np.zeros(n), np.zeros(n)
@@ -101,16 +84,18 @@ def numpy_synced_adam_sent(grads, *, warmup, density, b1, b2, eps):
     if t <= warmup:
       new = (local + rs).astype(np.float64).mean(0)
       rs = np.zeros_like(rs)
-      hit, age = np.ones(n, bool), np.ones(n)
     else:
       new, rs = reference.spardl(local, rs, density, wire="exact")
-      hit, age = new != 0, t - last
-    mean = (new - b1 * m) / (1 - b1)
+    if t <= freeze_step:
+      hit, age, mean = np.ones(n, bool), np.ones(n), g.astype(np.float64).mean(0)
+    else:
+      hit = (new != 0) & (second_moment == "sent")
+      age, mean = t - last, (new - b1 * m) / (1 - b1)
     v = np.where(hit, b2 ** age * v + (1 - b2 ** age) * (mean / age) ** 2, v)
     covered = np.where(hit, covered + age, covered)
     last = np.where(hit, t, last)
     m = new
-    yield (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** covered)) + eps)
+    yield (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** covered)) + eps), rs
 
 
 def test_second_moment_trains_where_the_sync_delivers():
@@ -124,9 +109,10 @@ def test_second_moment_trains_where_the_sync_delivers():
                        weight_decay=wd)
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   f = harness.update_fn(tx, p, params)
-  want = numpy_synced_adam_sent(grads, warmup=2, density=0.2, b1=b1, b2=b2, eps=eps)
+  want = numpy_synced_adam(grads, warmup=2, freeze_step=2, density=0.2, b1=b1, b2=b2,
+                           eps=eps, second_moment="sent")
   ages = []
-  for t, (g, want_adam) in enumerate(zip(grads, want), start=1):
+  for t, (g, (want_adam, _)) in enumerate(zip(grads, want), start=1):
     out, state = f(harness.put_rows(p, {"w": jnp.asarray(g)}), state)
     np.testing.assert_allclose(np.asarray(out["w"]),
                                -lr * (want_adam + wd * np.asarray(params["w"])),
