@@ -387,15 +387,16 @@ def run(args) -> int:
   from tqdm import tqdm
 
   from train import data, input_pipeline
-  from train.train import data_request, make_mesh, simulate_devices, train_and_evaluate
+  from train.train import (check_variant, data_request, make_mesh, simulate_devices,
+                           train_and_evaluate)
 
   simulate_devices(max([args.devices, *(_devices(CASES[c], args) for c in args.cases)]))
   meshes = {c: make_mesh(None if CASES[c].mesh else args.devices, axes=CASES[c].mesh)
             for c in args.cases}
-  jobs = [(c, k, s) for c in args.cases for k in args.variants for s in args.seeds]
-  results: dict = {}
   datasets: dict = {}  # (case, seed) -> dataset: loaded once, shared by the variants
-  for case, key, seed in tqdm(jobs, desc="runs", unit="run", file=sys.stderr):
+
+  def job(case, key, seed):
+    """The run's config, dataset, steps per epoch and variant (None: nothing to run)."""
     # Each variant's tuning is explicit: no recipe defaults on top.
     cfg = dataclasses.replace(CASES[case], devices=meshes[case].size, seed=seed, recipe="paper",
                               **{k: v for k, v in (("epochs", args.epochs),
@@ -408,13 +409,30 @@ def run(args) -> int:
     case_variants = variants(case, steps, outer=Tuning(
         outer=args.outer_every, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum),
         outer_density=args.outer_density, outer_wire=args.outer_wire)
-    if key not in case_variants:
-      continue  # dense_tuned where the case's own setting is dense's best; clip unmeasured
-    variant = case_variants[key]
-    recipe = case_variants["recipe"]
-    if (key not in ("recipe", "dense_tuned") and "recipe" in args.variants
-        and (variant.tuning, variant.options) == (recipe.tuning, recipe.options)):
-      continue  # this technique alone is the recipe: its rows come from the recipe's runs
+    variant, recipe = case_variants.get(key), case_variants["recipe"]
+    # No dense_tuned where the case's own setting is dense's best, no clip unmeasured; a
+    # technique alone that is the recipe has its rows from the recipe's runs.
+    if variant is not None and (
+        key in ("recipe", "dense_tuned") or "recipe" not in args.variants
+        or (variant.tuning, variant.options) != (recipe.tuning, recipe.options)):
+      return cfg, ds, steps, variant
+    return cfg, ds, steps, None
+
+  # Every variant is built and its sync traced on its case's mesh before the first trains,
+  # so one that cannot run there (PowerSGD on a partly sharded model) fails now.
+  for case, key in ((c, k) for c in args.cases for k in args.variants):
+    cfg, ds, _, variant = job(case, key, args.seeds[0])
+    if variant is not None:
+      try:
+        check_variant(cfg, variant, ds, meshes[case])
+      except (ValueError, TypeError) as error:
+        raise ValueError(f"--cases {case} --variants {key}: {error}") from None
+  results: dict = {}
+  jobs = [(c, k, s) for c in args.cases for k in args.variants for s in args.seeds]
+  for case, key, seed in tqdm(jobs, desc="runs", unit="run", file=sys.stderr):
+    cfg, ds, steps, variant = job(case, key, seed)
+    if variant is None:
+      continue
     result = train_and_evaluate(cfg, variant, ds, meshes[case], progress=False)
     results.setdefault(case, {"steps": steps, "runs": {}})["runs"].setdefault(
         key, []).append(result)

@@ -321,7 +321,7 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
   Args:
     learning_rate: a float or an optax schedule, as ``optax.adamw``'s.
     warmup_steps: dense syncs first, which train ``v`` (an int >= 1; about 2.5 % of the
-      run measured best within a fifteenth of dense's bytes, docs/adam.md).
+      run kept within a fifteenth of dense's bytes: benchmarks/results/adam.md).
     density: the sparse method's density (or schedule, or ``"auto"``); a method that
       keeps no fraction of the entries (``"powersgd"``, ``"dense"``) takes none.
     method: a registered method with a density (``"spardl"``, ``"topka"``, ...).

@@ -60,6 +60,11 @@ ROWS = [
     ("convergence --outer-momentum 1", convergence.main,
      lambda tmp: ["--variants", "outer", "--outer-momentum", "1", "--out", str(tmp / "cv")],
      "--outer-momentum must be in [0, 1), got 1.0"),
+    ("convergence, a variant that cannot run on its case's mesh", convergence.main,
+     lambda tmp: ["--cases", "shakespeare_gpt_sharded", "--variants", "powersgd", "--seeds",
+                  "0", "--out", str(tmp / "cv")],
+     "--cases shakespeare_gpt_sharded --variants powersgd: sync_gradients: 'powersgd' "
+     "compresses each parameter as a matrix"),
     ("convergence --report at a missing directory", convergence.main,
      lambda tmp: ["--report", str(tmp / "missing"), "--out", str(tmp / "cv")],
      "results.json (a directory python -m benchmarks.convergence wrote with --out)"),
