@@ -55,7 +55,11 @@ python -m benchmarks.convergence --cases shakespeare_lstm --variants diloco,spar
 # Time to accuracy of the outer loops at 100 Mbit/s, every byte paced (as root, nothing else
 # running: the processes share the cores).
 L="outer_momentum=0:outer_lr=1:decay=0.95"
-python -m benchmarks.time_to_accuracy --processes 4 --rates 100mbit --epochs 12 --seeds 0 \
-    --methods "dense,spardl,dense:outer=10,dense:outer=30,spardl:outer=30:density=0.03:wire=int4,\
-sparseloco:density=0.03:outer=10:$L,sparseloco:density=0.03:outer=30:$L,topka:density=0.03:outer=30:$L" \
-    --out benchmarks/results/outer/tta_paced
+M="dense,spardl,dense:outer=10,dense:outer=30,spardl:outer=30:density=0.03:wire=int4,\
+sparseloco:density=0.03:outer=10:$L,sparseloco:density=0.03:outer=30:$L,topka:density=0.03:outer=30:$L"
+for seed in 0 1; do
+  python -m benchmarks.time_to_accuracy --processes 4 --rates 100mbit --epochs 12 --seeds $seed \
+      --methods "$M" --out benchmarks/results/outer/tta_paced
+done
+python -m benchmarks.time_to_accuracy --report --processes 4 --rates 100mbit --seeds 0,1 \
+    --methods "$M" --out benchmarks/results/outer/tta_paced
