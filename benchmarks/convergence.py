@@ -65,7 +65,7 @@ CASES: dict[str, TrainConfig] = {
     "shakespeare_bert": TrainConfig(model="bert", model_size="tiny", dataset="shakespeare",
                                     epochs=10, batch_size=64, seq_len=64, steps_per_epoch=200,
                                     eval_steps=30, optimizer="adamw", lr=3e-3),
-    # The Adam(W) cases (docs/adam.md): a decoder-only character model with AdamW and a
+    # The Adam(W) cases (benchmarks/results/adam.md): a decoder-only character model with AdamW and a
     # cosine schedule, its parameters replicated and sharded over 'model' on a (data 4,
     # model 2) mesh as Flax's "Scale up on multiple devices" guide lays it out; and that
     # guide's own model on the same mesh, fitting a teacher of its shape.
@@ -81,9 +81,9 @@ CLIP = {"mnist1d_cnn1d": 20.0, "digits_resnet20": 11.0, "shakespeare_lstm": 1.5,
         "shakespeare_bert": 7.0}
 DENSITY = 0.01
 # Dense's best tuning found with the same effort as SparDL's (docs/trainer.md lists the
-# sweeps): the learning rate on MNIST-1D, the frozen second moment on BERT, the recipe's
-# lower momentum elsewhere. The Adam cases' own learning rates are dense's best of a sweep
-# (docs/adam.md), so they have no other tuned dense.
+# sweeps): the learning rate on MNIST-1D, the recipe's lower momentum elsewhere. The AdamW
+# cases' own learning rates are dense's best of a sweep (benchmarks/results/adam.md), so
+# they have no other tuned dense.
 DENSE_TUNED = {"mnist1d_cnn1d": {"lr": 0.1}, "digits_resnet20": {"opt_momentum": 0.5},
                "shakespeare_lstm": {"opt_momentum": 0.5}}
 
@@ -117,7 +117,7 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
                 if adam else {"momentum": 0.9})
   recipe = recipe_tuning("recommended", optimizer=cfg.optimizer,
                          steps_per_epoch=steps_per_epoch)
-  # The Adam(W) recipe's pieces, each alone (docs/adam.md): the dense warm-up that trains
+  # The Adam(W) recipe's pieces, each alone (benchmarks/results/adam.md): the dense warm-up that trains
   # the second moment, which then stays frozen; the first moment synced in place of the
   # gradient (1-bit Adam); each device's own Adam step synced (an outer loop of H = 1).
   short = max(1, round(0.25 * steps_per_epoch))
@@ -165,8 +165,8 @@ VARIANT_KEYS = ("dense", "dense_tuned", "paper", "warmup", "ramp", "correction",
                 "recipe", "compact")
 OUTER_KEYS = ("recipe", "diloco", "diloco_bf16", "diloco_spardl", "sparseloco")
 ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced",
-             "preconditioned", "local",
-             "clip", "recipe", "recipe_2", "dense_bf16", "topka", "powersgd")
+             "preconditioned", "local", "clip", "recipe", "recipe_2", "dense_bf16", "topka",
+             "powersgd")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)
 GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS, "adam": ADAM_KEYS}

@@ -153,7 +153,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     ``momentum``, the sync averages Adam's first moment (1-bit Adam's compression stage);
     ``preconditioned``, the gradient divided by Adam's frozen ``sqrt(v) + eps``
     (:func:`spardl_jax.synced_adamw`). The second moment trains on the dense warm-up's mean
-    gradient and freezes at its end;
+    gradient, then stays frozen or, with ``second_moment=sent``, trains where the sync
+    delivers;
   * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
     with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop.
 

@@ -20,7 +20,7 @@ from spardl_jax.tools import traffic
 from train import data, input_pipeline, main
 from train.config import TrainConfig, Tuning, Variant
 from train.train import compile_steps, create_train_state, make_mesh, make_optimizer, \
-    train_and_evaluate
+    train_and_evaluate, variant_tuning
 
 SPARDL = Variant("spardl", "spardl", {"density": 0.01})
 
@@ -442,6 +442,12 @@ def test_variant_tuning_and_recipes():
   state = sj.init_opt_state(make_optimizer(TrainConfig(), loco, steps_per_epoch=10), params,
                             make_mesh(2))
   assert not jax.tree.leaves(state.outer) and state.sync.method_state.residual.shape == (2, 40)
+  # With AdamW, a spec with DGC's momentum correction keeps Adam after the sync: the
+  # recipe's Adam-around-the-sync keys drop out, its warm-up stays.
+  dgc = variant_tuning(TrainConfig(optimizer="adamw"),
+                       parse_variant("spardl:momentum=0.9", density=0.01, teams=1, sag="auto",
+                                     residuals="global"), steps_per_epoch=8)
+  assert (dgc.synced, dgc.second_moment, dgc.momentum, dgc.warmup) == (None, None, 0.9, 2)
   mesh = make_mesh(2)
   for recipe in RECIPES:
     for optimizer in ("sgd", "adamw"):
