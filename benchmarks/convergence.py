@@ -274,7 +274,7 @@ def rows_at(case: str, variants: dict[str, dict], fraction: float,
   loss target, or one on a metric that falls as it improves (regression's MAE), is dense's
   final times ``2 - fraction``, reached at or below it."""
   field = {"metric": 2, "loss": 3}[on]
-  sign = -1 if on == "loss" or variants["dense"]["metric"] == "mae" else 1
+  sign = -1 if _falls(on, variants["dense"]["metric"]) else 1
   final = lambda curve: curve[-1][field]  # noqa: E731
   finals = [final(c) for c in variants["dense"]["curves"]]
   target = (runs.target(finals, fraction) if sign > 0
@@ -306,11 +306,16 @@ def rows_at(case: str, variants: dict[str, dict], fraction: float,
   return rows
 
 
+def _falls(on: str, metric: str) -> bool:
+  """Whether the target's quantity falls as a run improves: the loss, or regression's MAE."""
+  return on == "loss" or metric == "mae"
+
+
 def format_table(rows: list[dict]) -> str:
   """The Markdown table of :func:`summarize`'s rows."""
   fractions = sorted({r.get("fraction", 0.95) for r in rows})
   loss = bool(rows) and rows[0].get("on") == "loss"
-  lower = loss or (bool(rows) and rows[0]["metric"] == "mae")
+  lower = bool(rows) and _falls(rows[0].get("on", "metric"), rows[0]["metric"])
   lines = [f"Target: {', '.join(f'{2 - f:.0%}' if lower else f'{f:.0%}' for f in fractions)} "
            f"of dense's final test {'loss' if loss else 'metric'} (mean over the seeds).", "",
            f"| case | variant | steps to target (per seed) | × dense | × best dense | final "

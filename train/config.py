@@ -11,6 +11,7 @@ from typing import Any, Literal, NamedTuple
 from models.registry import Size
 from spardl_jax import methods
 from spardl_jax.core.config import SparDLConfig
+from spardl_jax.sync.adam import SECOND_MOMENTS, SENDS
 
 
 # Argument types of the command lines (the trainer's, and the benchmarks' that run it).
@@ -83,9 +84,8 @@ TUNING: dict[str, Rule] = {
     "opt_momentum": _UNIT, "freeze": Rule(int, ">= 1", lambda v: v >= 1),
     "outer": _AT_LEAST_0, "outer_lr": _POSITIVE, "outer_momentum": _UNIT,
     "decay": Rule(float, "in [0, 1]", lambda v: 0 <= v <= 1),
-    "synced": Rule(str, "'momentum' or 'preconditioned'",
-                   lambda v: v in ("momentum", "preconditioned")),
-    "second_moment": Rule(str, "'frozen' or 'sent'", lambda v: v in ("frozen", "sent"))}
+    **{key: Rule(str, " or ".join(map(repr, choices)), lambda v, c=choices: v in c)
+       for key, choices in (("synced", SENDS), ("second_moment", SECOND_MOMENTS))}}
 assert tuple(TUNING) == Tuning._fields, "a rule for every tuning key"
 
 
