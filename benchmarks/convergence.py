@@ -71,6 +71,14 @@ CASES: dict[str, TrainConfig] = {
     # guide's own model on the same mesh, fitting a teacher of its shape.
     "shakespeare_gpt": _GPT,
     "shakespeare_gpt_sharded": dataclasses.replace(_GPT, mesh=_GUIDE_MESH),
+    # nanoGPT's baby GPT with its CPU recipe (AdamW 1e-3, b2 0.99, weight decay 0.1 on the
+    # matrices, clip 1.0, 100 warm-up steps then cosine to 1e-4 at 2,000): 12 sequences of
+    # 64 characters per device, 8 devices; evaluated every 100 steps.
+    "shakespeare_nanogpt": TrainConfig(
+        model="nanogpt", dataset="shakespeare", epochs=20, batch_size=96, seq_len=64,
+        steps_per_epoch=100, eval_steps=20, optimizer="adamw", lr=1e-3, lr_schedule="cosine",
+        lr_warmup=100, lr_final=0.1, adam_b2=0.99, weight_decay=0.1, weight_decay_on="matrices",
+        grad_clip=1.0),
     "teacher_dotrelu": TrainConfig(model="dotrelu", dataset="teacher", mesh=_GUIDE_MESH,
                                    epochs=6, batch_size=64, steps_per_epoch=50,
                                    optimizer="adamw", lr=1e-3, lr_schedule="cosine"),

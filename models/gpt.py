@@ -21,13 +21,13 @@ class GPT(TokenModel):
   @nn.compact
   def __call__(self, tokens: jax.Array, *, train: bool = False) -> jax.Array:
     self.check_length(tokens)
-    embed = nn.Embed(self.vocab_size, self.hidden, name="token_embed")
-    x = embed(tokens) + nn.Embed(self.max_len, self.hidden, name="position_embed")(
-        jnp.arange(tokens.shape[1]))
+    embed = self.embed(self.vocab_size, "token_embed")
+    x = embed(tokens) + self.embed(self.max_len, "position_embed")(jnp.arange(tokens.shape[1]))
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     # Causal alone: corpus windows are padded at the end only, so a real token never attends
     # to padding, and the targets at padded positions carry weight 0.
     mask = nn.make_causal_mask(tokens)
     for _ in range(self.layers):
-      x = DecoderLayer(self.hidden, self.heads, self.ffn, self.dropout_rate)(x, mask, train)
-    return embed.attend(nn.LayerNorm()(x))
+      x = DecoderLayer(self.hidden, self.heads, self.ffn, self.dropout_rate, bias=self.bias,
+                       init=self.block_init())(x, mask, train)
+    return embed.attend(nn.LayerNorm(use_bias=self.bias)(x))

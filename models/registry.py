@@ -107,6 +107,14 @@ MODELS: dict[str, ModelSpec] = {
                                    ffn=3072, max_len=1024),
                      dict(vocab_size=256, hidden=32, layers=2, heads=2, ffn=64, max_len=128,
                           dropout_rate=0.0), ("corpus",), ((128,), np.int32), objective="lm"),
+    # nanoGPT's "baby GPT" as its README trains it on a CPU (4 layers, 4 heads, 128 wide,
+    # context 64, no dropout, no biases, N(0, 0.02) weights): what a new user's AdamW run is.
+    "nanogpt": ModelSpec(gpt.GPT, dict(vocab_size=65, hidden=128, layers=4, heads=4, ffn=512,
+                                       max_len=64, dropout_rate=0.0, bias=False,
+                                       init_std=0.02),
+                         dict(vocab_size=65, hidden=16, layers=2, heads=2, ffn=32, max_len=64,
+                              dropout_rate=0.0, bias=False, init_std=0.02), ("corpus",),
+                         ((64,), np.int32), objective="lm"),
     # Flax's multi-device guide's model: what a user of that guide trains with AdamW.
     "dotrelu": ModelSpec(small.DotReluDot, dict(), dict(features=64), ("vector",),
                          ((1024,), np.float32)),

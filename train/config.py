@@ -38,6 +38,14 @@ POSITIVE_FLOAT = bounded(float, 0.0, above=True, what="a positive number")
 NON_NEGATIVE_FLOAT = bounded(float, 0.0, what="a number >= 0")
 
 
+def UNIT_FLOAT(text):
+  """An argparse type: a number in [0, 1)."""
+  value = NON_NEGATIVE_FLOAT(text)
+  if value >= 1:
+    raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+  return value
+
+
 class Tuning(NamedTuple):
   """A variant's options beyond its method's own (``spardl:warmup=93:momentum=0.9``): how
   the sync converges and the optimizer after it (see ``make_optimizer`` in
@@ -109,7 +117,9 @@ class Variant:
 
 Optimizer = Literal["sgd", "adamw"]
 LrSchedule = Literal["constant", "cosine"]
+DecayOn = Literal["all", "matrices"]
 OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
+DECAY_ON: tuple[str, ...] = typing.get_args(DecayOn)
 LR_SCHEDULES: tuple[str, ...] = typing.get_args(LrSchedule)
 
 
@@ -130,10 +140,17 @@ class TrainConfig:
   batch_size: int = 128
   lr: float = 0.05
   momentum: float = 0.9  # SGD's
-  lr_schedule: LrSchedule = "constant"  # or "cosine" (to 0 over the run)
+  lr_schedule: LrSchedule = "constant"  # or "cosine" (to lr_final * lr over the run)
+  lr_warmup: int = 0  # cosine: steps of a linear warm-up from 0 before the decay (nanoGPT's)
+  lr_final: float = 0.0  # cosine: the rate at the run's end, a fraction of the peak
   recipe: str = "recommended"  # tuning defaults of sparse variants (RECIPES); "paper": none
   optimizer: Optimizer = "sgd"  # or "adamw" (BERT)
   weight_decay: float = 0.01  # AdamW's
+  weight_decay_on: DecayOn = "all"  # or "matrices": leaves of 2 or more dimensions (nanoGPT's)
+  adam_b2: float = 0.999  # AdamW's second-moment decay
+  # The global norm the synchronized gradient is clipped to before the optimizer (nanoGPT's
+  # grad_clip); None: no clipping. Adam around the sync clips each device's gradient.
+  grad_clip: float | None = None
   seed: int = 0
   out: str = "train_out"
   axis_name: str = "data"

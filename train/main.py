@@ -18,9 +18,9 @@ from models.registry import SIZES
 from spardl_jax.core.config import RESIDUAL_MODES, SAG_MODES
 from spardl_jax.sync import methods
 from spardl_jax.sync.methods import parse_teams
-from train.config import (LR_SCHEDULES, NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, OPTIMIZERS,
+from train.config import (DECAY_ON, LR_SCHEDULES, NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, OPTIMIZERS,
                           OPTION_DEFAULTS, POSITIVE_FLOAT, POSITIVE_INT, RECIPES, TUNING,
-                          TrainConfig, parse_mesh, parse_variants)
+                          UNIT_FLOAT, TrainConfig, parse_mesh, parse_variants)
 from train.data import DATASETS
 
 log = logging.getLogger("train")
@@ -83,7 +83,8 @@ def _parse_args(argv):
                  help="applied to the synchronized gradient (default: %(default)s)")
   p.add_argument("--momentum", type=NON_NEGATIVE_FLOAT, default=d.momentum, help="SGD momentum")
   p.add_argument("--lr-schedule", default=d.lr_schedule, choices=LR_SCHEDULES,
-                 help="constant, or cosine decay to 0 over the run (default: %(default)s)")
+                 help="constant, or cosine decay to --lr-final over the run, after "
+                      "--lr-warmup steps (default: %(default)s)")
   p.add_argument("--recipe", default=d.recipe, choices=sorted(RECIPES),
                  help="tuning defaults of the sparse methods (a variant's own keys win): "
                       "'recommended' converges fastest (docs/trainer.md), 'paper' is plain "
@@ -99,6 +100,21 @@ def _parse_args(argv):
                  help="the outer step's Nesterov momentum, in [0, 1) (default %(default)s; "
                       "DiLoCo's 0.9 diverged on the main job, benchmarks/results/outer.md)")
   p.add_argument("--weight-decay", type=NON_NEGATIVE_FLOAT, default=d.weight_decay, help="AdamW decay")
+  p.add_argument("--weight-decay-on", default=d.weight_decay_on, choices=DECAY_ON,
+                 help="the leaves AdamW decays: all, or matrices (2 or more dimensions; no "
+                      "biases or norm scales, as nanoGPT) (default: %(default)s)")
+  p.add_argument("--adam-b2", type=UNIT_FLOAT, default=d.adam_b2,
+                 help="AdamW's second-moment decay, in [0, 1) (default: %(default)s)")
+  p.add_argument("--grad-clip", type=POSITIVE_FLOAT, default=d.grad_clip,
+                 help="clip the gradient to this global norm before the optimizer: the mean "
+                      "gradient after a sync, each device's own where Adam is around the "
+                      "sync (default: no clipping)")
+  p.add_argument("--lr-warmup", type=NON_NEGATIVE_INT, default=d.lr_warmup,
+                 help="with --lr-schedule cosine, steps of a linear warm-up from 0 "
+                      "(default: %(default)s)")
+  p.add_argument("--lr-final", type=UNIT_FLOAT, default=d.lr_final,
+                 help="with --lr-schedule cosine, the final rate as a fraction of --lr, in "
+                      "[0, 1) (default: %(default)s)")
   p.add_argument("--seed", type=int, default=d.seed)
   p.add_argument("--out", default=d.out, help="directory for metrics and the plot")
   p.add_argument("--checkpoint", action="store_true",

@@ -173,22 +173,26 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   lr = cfg.lr if tuning.lr is None else tuning.lr
   if cfg.optimizer == "sgd" and tuning.lr is None and tuning.opt_momentum is not None:
     lr = cfg.lr * (1 - momentum) / (1 - cfg.momentum)
-  if cfg.lr_schedule == "cosine":
-    if not steps_per_epoch:
-      raise ValueError("make_optimizer: lr_schedule='cosine' needs steps_per_epoch.")
-    lr = optax.cosine_decay_schedule(lr, cfg.epochs * steps_per_epoch)
-  elif cfg.lr_schedule != "constant":
-    raise ValueError(f"--lr-schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}.")
+  lr = learning_rate(cfg, lr, steps_per_epoch)
+  # nanoGPT's configure_optimizers: no decay on biases and norm scales.
+  decay_mask = (None if cfg.weight_decay_on == "all"
+                else lambda params: jax.tree.map(lambda x: x.ndim >= 2, params))
   if cfg.optimizer == "sgd":
     opt = optax.sgd(lr, momentum=momentum or None)
   elif cfg.optimizer == "adamw" and tuning.freeze:
-    opt = optax.chain(sj.scale_by_frozen_adam(freeze_step=tuning.freeze, b1=momentum),
-                      optax.add_decayed_weights(cfg.weight_decay),
+    opt = optax.chain(sj.scale_by_frozen_adam(freeze_step=tuning.freeze, b1=momentum,
+                                              b2=cfg.adam_b2),
+                      optax.add_decayed_weights(cfg.weight_decay, decay_mask),
                       optax.scale_by_learning_rate(lr))
   elif cfg.optimizer == "adamw":
-    opt = optax.adamw(lr, b1=momentum, weight_decay=cfg.weight_decay)
+    opt = optax.adamw(lr, b1=momentum, b2=cfg.adam_b2, weight_decay=cfg.weight_decay,
+                      mask=decay_mask)
   else:
     raise ValueError(f"--optimizer must be 'sgd' or 'adamw', got {cfg.optimizer!r}.")
+  # Dense training clips the mean gradient (after the sync), as nanoGPT does; where the
+  # optimizer is around the sync or inside an outer loop, each device clips its own.
+  clip = (optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip is not None
+          else optax.identity())
   options = dict(variant.options)
   warmup = tuning.warmup or 0
   if tuning.ramp:
@@ -197,16 +201,38 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   sync_options = dict(axis_name=cfg.axis_name, clip_norm=tuning.clip,
                       residual_decay=tuning.decay, param_specs=specs, **options)
   if tuning.synced:
-    return sj.synced_adamw(lr, warmup_steps=warmup, method=variant.method, b1=momentum,
-                           weight_decay=cfg.weight_decay, sends=tuning.synced,
-                           second_moment=tuning.second_moment or "frozen", **sync_options)
+    return optax.chain(clip, sj.synced_adamw(
+        lr, warmup_steps=warmup, method=variant.method, b1=momentum, b2=cfg.adam_b2,
+        weight_decay=cfg.weight_decay, mask=decay_mask, sends=tuning.synced,
+        second_moment=tuning.second_moment or "frozen", **sync_options))
   sync = sj.sync_gradients(variant.method, warmup_steps=warmup, momentum=tuning.momentum,
                            momentum_masking=tuning.masking != 0, **sync_options)
   if tuning.outer:
     outer = optax.sgd(tuning.outer_lr, momentum=tuning.outer_momentum or None,
                       nesterov=bool(tuning.outer_momentum))
-    return sj.diloco(opt, sync, every=tuning.outer, outer=outer)
-  return optax.chain(sync, opt)
+    return sj.diloco(optax.chain(clip, opt), sync, every=tuning.outer, outer=outer)
+  return optax.chain(sync, clip, opt)
+
+
+def learning_rate(cfg: TrainConfig, peak: float,
+                  steps_per_epoch: int | None) -> optax.ScalarOrSchedule:
+  """``peak``, or under ``cfg.lr_schedule='cosine'`` a linear warm-up from 0 over
+  ``cfg.lr_warmup`` steps and a cosine decay to ``cfg.lr_final * peak`` at the run's end
+  (nanoGPT's ``get_lr``)."""
+  if cfg.lr_schedule == "constant":
+    return peak
+  if cfg.lr_schedule != "cosine":
+    raise ValueError(f"--lr-schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}.")
+  if not steps_per_epoch:
+    raise ValueError("make_optimizer: lr_schedule='cosine' needs steps_per_epoch.")
+  total = cfg.epochs * steps_per_epoch
+  if not 0 <= cfg.lr_warmup < total:
+    raise ValueError(f"--lr-warmup must be in [0, {total}) (the run's steps), got "
+                     f"{cfg.lr_warmup}.")
+  if cfg.lr_warmup:
+    return optax.warmup_cosine_decay_schedule(0.0, peak, cfg.lr_warmup, total,
+                                              end_value=cfg.lr_final * peak)
+  return optax.cosine_decay_schedule(peak, total, alpha=cfg.lr_final)
 
 
 def variant_tuning(cfg: TrainConfig, variant: Variant, *,
@@ -470,6 +496,8 @@ _RUN_FLAGS = {"model": "--model", "model_size": "--model-size", "dataset": "--da
               "batch_size": "--batch-size", "lr": "--lr", "momentum": "--momentum",
               "lr_schedule": "--lr-schedule", "recipe": "--recipe",
               "optimizer": "--optimizer", "weight_decay": "--weight-decay", "seed": "--seed",
+              "weight_decay_on": "--weight-decay-on", "adam_b2": "--adam-b2",
+              "grad_clip": "--grad-clip", "lr_warmup": "--lr-warmup", "lr_final": "--lr-final",
               "seq_len": "--seq-len", "image_size": "--image-size"}
 
 

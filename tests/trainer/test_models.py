@@ -13,7 +13,10 @@ from train import main
 FULL = {"vgg11": 9_225_281, "vgg16": 14_724_042, "vgg19": 20_081_188, "resnet20": 272_474,
         "resnet50": 25_557_032, "lstm_imdb": 35_170_306, "lstm_ptb": 66_022_000,
         "bert": 132_955_194, "gpt": 124_439_808, "cnn1d": 73_418, "mlp": 9_610,
-        "mlp_wide": 4_349_962, "dotrelu": 4_194_304}
+        "mlp_wide": 4_349_962, "dotrelu": 4_194_304,
+        # nanoGPT's baby GPT, as its model.py counts it with no biases: 4 layers of 12 * 128^2
+        # weights and two norm scales, the final norm, 65 x 128 tokens and 64 x 128 positions.
+        "nanogpt": 4 * (12 * 128**2 + 2 * 128) + 128 + 65 * 128 + 64 * 128}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
