@@ -188,7 +188,12 @@ def _parse_args(argv):
   p.add_argument("--variants", default="all",
                  help=f"comma list of {', '.join(KNOWN)}, or a group: all ("
                       f"{', '.join(VARIANT_KEYS)}), outer ({', '.join(OUTER_KEYS)}) or wire "
-                      f"({', '.join(WIRE_KEYS)}); dense always runs: it sets the target")
+                      f"({', '.join(WIRE_KEYS)}); dense runs too (it sets the target) "
+                      "unless --no-dense")
+  p.add_argument("--no-dense", action="store_true",
+                 help="run only the variants named: dense's runs come from another --out, "
+                      "and --report DIR,DIR puts them together (a long case's dense runs "
+                      "once)")
   p.add_argument("--target", type=fraction, default=0.95,
                  help="the target, a fraction of dense's final test metric (default 0.95); "
                       "with --on loss, dense's final test loss times 2 - TARGET")
@@ -227,7 +232,9 @@ def _parse_args(argv):
               f"{', '.join(GROUPS)}")
   if args.outer_momentum >= 1:
     p.error(f"--outer-momentum must be in [0, 1), got {args.outer_momentum}")
-  args.variants = ["dense"] + [k for k in keys if k != "dense"]
+  args.variants = ([] if args.no_dense else ["dense"]) + [k for k in keys if k != "dense"]
+  if not args.variants:
+    p.error("--no-dense: name the variants to run with --variants")
   misfit = [c for c in args.cases if CASES[c].batch_size % _devices(CASES[c], args)]
   if misfit and not args.report:
     p.error(f"--devices {args.devices} does not divide the batch size of "
@@ -266,13 +273,19 @@ def summarize(case: str, by_key: dict[str, list], steps_per_epoch: int,
   test metric; ``on="loss"``: dense's mean final test loss times ``2 - fraction``), their
   ratios to dense's, and the final metric or loss; means over the seeds (a seed that never
   reaches the target makes the mean missing)."""
-  metric = by_key["dense"][0].metric
-  return rows_at(case, {key: {
-      "variant": results[0].variant, "metric": metric,
-      "bytes_per_step": results[0].bytes_per_step,
-      "curves": [[(h["epoch"] * steps_per_epoch, h["bytes_sent"], h[f"test_{metric}"],
-                   h["test_loss"]) for h in r.history] for r in results]}
-      for key, results in by_key.items()}, fraction, on)
+  return rows_at(case, {key: run_row(case, key, results, steps_per_epoch)
+                        for key, results in by_key.items()}, fraction, on)
+
+
+def run_row(case: str, key: str, results: list, steps_per_epoch: int) -> dict:
+  """One variant's runs (one per seed) as :func:`rows_at` reads them: its label, metric,
+  bytes a step and, per seed, ``(steps, bytes, test metric, test loss)`` at each
+  evaluation."""
+  metric = results[0].metric
+  return {"case": case, "key": key, "variant": results[0].variant, "metric": metric,
+          "bytes_per_step": results[0].bytes_per_step,
+          "curves": [[(h["epoch"] * steps_per_epoch, h["bytes_sent"], h[f"test_{metric}"],
+                       h["test_loss"]) for h in r.history] for r in results]}
 
 
 def rows_at(case: str, variants: dict[str, dict], fraction: float,
@@ -396,14 +409,20 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
   if args.report:
-    rows, meta = [], {}
+    # The directories' runs by case, so one directory's dense sets another's target.
+    runs_of: dict[str, dict] = {}
+    meta = {}
     for directory in args.report.split(","):
       saved = read_report(directory)
-      for case in dict.fromkeys(r["case"] for r in saved["rows"]):
-        rows += rows_at(case, {r["key"]: r for r in saved["rows"] if r["case"] == case},
-                        args.target, args.on)
-      del saved["rows"]
+      for r in saved.pop("rows"):
+        runs_of.setdefault(r["case"], {})[r["key"]] = r
       meta = saved
+    rows = []
+    for case, found in runs_of.items():
+      if "dense" not in found:
+        raise ValueError(f"--report: no dense runs of {case} in {args.report} (run them, or "
+                         f"add the directory that has them)")
+      rows += rows_at(case, {"dense": found.pop("dense"), **found}, args.target, args.on)
     print(write(args.out, rows, meta))
     return 0
   from tqdm import tqdm
@@ -458,10 +477,20 @@ def run(args) -> int:
     result = train_and_evaluate(cfg, variant, ds, meshes[case], progress=False)
     results.setdefault(case, {"steps": steps, "runs": {}})["runs"].setdefault(
         key, []).append(result)
+  meta = {"devices": args.devices, "seeds": args.seeds, "density": DENSITY,
+          "recipes": RECIPES, **runs.provenance()}
+  if args.no_dense:  # the runs alone; a --report with dense's directory makes the table
+    rows = [run_row(case, key, results_, r["steps"]) for case, r in results.items()
+            for key, results_ in r["runs"].items()]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+      json.dump({**meta, "rows": rows}, f, indent=2)
+    print(f"wrote {args.out}/results.json; python -m benchmarks.convergence --report "
+          f"DENSE_DIR,{args.out} --on {args.on} makes the table")
+    return 0
   rows = [row for case, r in results.items()
           for row in summarize(case, r["runs"], r["steps"], args.target, args.on)]
-  print(write(args.out, rows, {"devices": args.devices, "seeds": args.seeds,
-                               "density": DENSITY, "recipes": RECIPES}))
+  print(write(args.out, rows, meta))
   return 0
 
 

@@ -17,9 +17,39 @@ import numpy as np
 from train import report
 from train.report import RunRecord
 
-__all__ = ['RunRecord', 'find', 'target', 'first_reaching']
+__all__ = ['RunRecord', 'find', 'target', 'first_reaching', 'provenance']
 
 Point = TypeVar("Point")
+
+
+def provenance() -> dict[str, Any]:
+  """What a raw output records of where it was measured: the commit (and whether the tree
+  had uncommitted changes), the date, the machine, the library versions and the top-k
+  selection method the library picks there."""
+  import datetime
+  import platform
+  import subprocess
+  from importlib import metadata
+
+  import jax
+
+  from spardl_jax.core import topk
+
+  def git(*args):
+    try:
+      return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+      return ""
+
+  return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain",
+                                                                   "--untracked-files=no")),
+          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                     f"{jax.devices()[0].device_kind}",
+          "versions": {name: metadata.version(name) for name in
+                       ("jax", "jaxlib", "flax", "optax", "numpy")},
+          "selection": topk.default_method()}
 
 
 def find(folders: Sequence[str]) -> list[RunRecord]:
