@@ -154,6 +154,14 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
                                                          "outer_momentum": 0.0}),
       # Twice the entries for the bytes of 1 % on the exact wire: 2 % on the compact one.
       "recipe_2": Variant("recipe at 2 %, compact wire", "spardl", {"density": 0.02}, recipe),
+      # Biases and norm scales averaged densely outside the sparse sync (issue 46's
+      # mechanisms, benchmarks/results/adam.md).
+      "vectors": sparse("recipe, 1-D leaves dense", recipe._replace(dense_leaves="vectors")),
+      "vectors_2": Variant("recipe at 2 %, compact wire, 1-D leaves dense", "spardl",
+                           {"density": 0.02}, recipe._replace(dense_leaves="vectors")),
+      "local_vectors": sparse("each device's Adam step synced, 1-D leaves dense",
+                              {"outer": 1, "outer_lr": 1.0, "outer_momentum": 0.0,
+                               "dense_leaves": "vectors"}),
       "topka": Variant(f"TopkA {DENSITY:g}, recipe", "topka", {"density": DENSITY}, recipe),
       "powersgd": Variant("PowerSGD rank 4, recipe", "powersgd", {"rank": 4}, recipe),
       "diloco": Variant(f"DiLoCo H={outer.outer}, dense outer", "dense", {}, outer),
@@ -175,10 +183,15 @@ OUTER_KEYS = ("recipe", "diloco", "diloco_bf16", "diloco_spardl", "sparseloco")
 ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced",
              "preconditioned", "local", "clip", "recipe", "recipe_2", "dense_bf16", "topka",
              "powersgd")
+# The nanoGPT case's mechanisms, each beside today's recipe, and the competitors.
+NANOGPT_KEYS = ("dense", "recipe", "vectors", "local", "local_vectors", "recipe_2",
+                "vectors_2", "paper", "topka", "powersgd", "dense_bf16")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)
-GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS, "adam": ADAM_KEYS}
-KNOWN = tuple(dict.fromkeys(VARIANT_KEYS + OUTER_KEYS + WIRE_KEYS + ADAM_KEYS))
+GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS, "adam": ADAM_KEYS,
+          "nanogpt": NANOGPT_KEYS}
+KNOWN = tuple(dict.fromkeys(VARIANT_KEYS + OUTER_KEYS + WIRE_KEYS + ADAM_KEYS
+                            + NANOGPT_KEYS))
 
 
 def _parse_args(argv):

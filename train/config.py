@@ -65,6 +65,7 @@ class Tuning(NamedTuple):
   decay: float | None = None         # SparseLoCo's error-feedback decay (residual_decay)
   synced: str | None = None          # AdamW: sync Adam's "momentum" or "preconditioned" gradient
   second_moment: str | None = None   # with synced: v "frozen" after the warm-up, or trained where "sent"
+  dense_leaves: str | None = None    # leaves averaged densely outside the method: "vectors" or N entries
 
   def given(self) -> dict[str, Any]:
     """The keys set, by name."""
@@ -93,7 +94,9 @@ TUNING: dict[str, Rule] = {
     "outer": _AT_LEAST_0, "outer_lr": _POSITIVE, "outer_momentum": _UNIT,
     "decay": Rule(float, "in [0, 1]", lambda v: 0 <= v <= 1),
     **{key: Rule(str, " or ".join(map(repr, choices)), lambda v, c=choices: v in c)
-       for key, choices in (("synced", SENDS), ("second_moment", SECOND_MOMENTS))}}
+       for key, choices in (("synced", SENDS), ("second_moment", SECOND_MOMENTS))},
+    "dense_leaves": Rule(str, "'vectors' or an int N >= 1 (leaves of fewer than N entries)",
+                         lambda v: v == "vectors" or (v.isdigit() and int(v) >= 1))}
 assert tuple(TUNING) == Tuning._fields, "a rule for every tuning key"
 
 

@@ -155,6 +155,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     (:func:`spardl_jax.synced_adamw`). The second moment trains on the dense warm-up's mean
     gradient, then stays frozen or, with ``second_moment=sent``, trains where the sync
     delivers;
+  * ``dense_leaves``: leaves the sync averages densely every step, outside the method
+    (``"vectors"``: biases and norm scales; ``N``: leaves of fewer than N entries);
   * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
     with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop.
 
@@ -200,6 +202,9 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
                                            at=warmup)
   sync_options = dict(axis_name=cfg.axis_name, clip_norm=tuning.clip,
                       residual_decay=tuning.decay, param_specs=specs, **options)
+  if tuning.dense_leaves:
+    sync_options["dense_leaves"] = (tuning.dense_leaves if tuning.dense_leaves == "vectors"
+                                    else int(tuning.dense_leaves))
   if tuning.synced:
     return optax.chain(clip, sj.synced_adamw(
         lr, warmup_steps=warmup, method=variant.method, b1=momentum, b2=cfg.adam_b2,

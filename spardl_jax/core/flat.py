@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-__all__ = ['concat']
+__all__ = ['concat', 'split']
 
 
 def concat(parts: Sequence[jax.Array], dtype=None) -> jax.Array:
@@ -27,3 +27,12 @@ def concat(parts: Sequence[jax.Array], dtype=None) -> jax.Array:
     flat = jax.lax.dynamic_update_slice(flat, p.astype(dtype).reshape(-1), (start,))
     start += p.size
   return flat
+
+
+def split(flat: jax.Array, like: Sequence[jax.Array]) -> list[jax.Array]:
+  """:func:`concat`'s inverse: ``flat`` cut into arrays of ``like``'s shapes and dtypes."""
+  out, start = [], 0
+  for x in like:
+    out.append(flat[start:start + x.size].reshape(x.shape).astype(x.dtype))
+    start += x.size
+  return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -31,6 +32,8 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
+from spardl_jax.baselines.dense import formula as dense_formula
+from spardl_jax.core import flat as flat_vector
 from spardl_jax.core import nonfinite as nonfinite_policy
 from spardl_jax.core import protocol
 from spardl_jax.core.allreduce import axis_size, bound_axes
@@ -63,10 +66,17 @@ class SyncOptions:
   param_specs: Any = None
   local_axis: str | None = None
   residual_decay: float | None = None
+  dense_leaves: Any = None
 
   def __post_init__(self):
     who = "sync_gradients"
     nonfinite_policy.check_policy(who, self.nonfinite)
+    check_dense_leaves(self.dense_leaves)
+    if self.dense_leaves is not None and self.momentum is not None:
+      raise ValueError(f"{who}: dense_leaves={self.dense_leaves!r} with momentum="
+                       f"{self.momentum}: DGC's momentum correction keeps one velocity for "
+                       f"the sparse vector only; use the optimizer's momentum after the sync "
+                       f"(optax.sgd(lr, momentum=...)), or drop dense_leaves.")
     if self.residual_decay is not None:
       check_number(who, "residual_decay", self.residual_decay, "None or a number in [0, 1]",
                    accept=lambda b: 0 <= b <= 1)
@@ -87,6 +97,17 @@ class SyncOptions:
       raise ValueError(f"{who}: local_axis must be None or the name of a mesh axis other "
                        f"than axis_name={self.axis_name!r}, got {self.local_axis!r}.")
 
+  def is_dense(self, shape: tuple[int, ...]) -> bool:
+    """Whether a float leaf of this (local) shape is averaged densely, outside the method."""
+    rule = self.dense_leaves
+    if rule is None:
+      return False
+    if rule == "vectors":
+      return len(shape) <= 1
+    if isinstance(rule, int):
+      return math.prod(shape) < rule
+    return bool(rule(shape))
+
   @property
   def data_axes(self) -> tuple[str, ...]:
     """The axes the sync reduces over: the data axis, and a host's ``local_axis``."""
@@ -106,6 +127,19 @@ class SyncOptions:
     if door is not None:
       check_same_specs(self.param_specs, door, door_name, who)
     return self.param_specs
+
+
+DENSE_LEAVES = ("vectors", "an int N (leaves of fewer than N entries)",
+                "a callable taking a leaf's shape and returning True to keep it dense")
+
+
+def check_dense_leaves(rule) -> None:
+  """``dense_leaves`` is None, ``"vectors"``, a positive int or a callable."""
+  if (rule is None or rule == "vectors" or callable(rule)
+      or (isinstance(rule, int) and not isinstance(rule, bool) and rule >= 1)):
+    return
+  raise ValueError(f"sync_gradients: dense_leaves must be None, {', '.join(DENSE_LEAVES)}; "
+                   f"got {rule!r}.")
 
 
 class Trace(NamedTuple):
@@ -132,6 +166,16 @@ def _shapes(floats) -> LeafShapes:
   return LeafShapes(tuple(tuple(int(d) for d in x.shape) for x in floats))
 
 
+def _dense_mask(options: SyncOptions, floats) -> list[bool]:
+  """Which float leaves ``dense_leaves`` keeps dense; a clear error where it keeps all."""
+  mask = [options.is_dense(tuple(x.shape)) for x in floats]
+  if options.dense_leaves is not None and all(mask):
+    raise ValueError(f"sync_gradients: dense_leaves={options.dense_leaves!r} keeps every "
+                     f"leaf dense, so {options.method!r} has nothing to sync; use "
+                     f"method='dense', or a rule that leaves some leaves to the method.")
+  return mask
+
+
 def _devices(options: SyncOptions) -> tuple[int, int]:
   """``(lead, p)``: the leading device axis of the state ``init`` creates here, and the
   number of devices on the data axis."""
@@ -156,10 +200,10 @@ def _devices(options: SyncOptions) -> tuple[int, int]:
       f"call init inside jax.shard_map, run under jax.set_mesh(mesh), or pass axis_size=P.")
 
 
-def flat_layout(options: SyncOptions, tree, floats, specs, given) -> FlatLayout:
-  """How this device's float leaves of ``tree`` make its flat vector. ``specs``: every
-  leaf's spec over the whole mesh, or None where the caller has none (then ``given``, the
-  parameters' specs from a door, are read)."""
+def flat_layout(options: SyncOptions, tree, floats, specs, given, dense) -> FlatLayout:
+  """How this device's float leaves of ``tree`` (but those ``dense`` marks) make its flat
+  vector. ``specs``: every leaf's spec over the whole mesh, or None where the caller has
+  none (then ``given``, the parameters' specs from a door, are read)."""
   others = columns(options.data_axes)
   float_specs = None
   if others:
@@ -174,7 +218,9 @@ def flat_layout(options: SyncOptions, tree, floats, specs, given) -> FlatLayout:
       specs = leaf_specs(tree, given)
     float_specs = [spec for x, spec in zip(jax.tree.leaves(tree), specs)
                    if jnp.issubdtype(x.dtype, jnp.floating)]
-  layout = FlatLayout.build([x.shape for x in floats], float_specs, others, options.local_axis)
+    float_specs = [spec for spec, d in zip(float_specs, dense) if not d]
+  layout = FlatLayout.build([x.shape for x, d in zip(floats, dense) if not d], float_specs,
+                            others, options.local_axis)
   _check_leafwise(options, layout, tuple(others))
   return layout
 
@@ -211,8 +257,10 @@ def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncStat
   """The state on this device (or, outside ``shard_map``, every device's rows at once)."""
   floats, dtype = _float_leaves(params)
   lead, p = _devices(options)
-  n = flat_layout(options, params, floats, specs, given).n
-  bound = levels.bind(list(options.levels), [x.shape for x in floats], p)
+  dense = _dense_mask(options, floats)
+  n = flat_layout(options, params, floats, specs, given, dense).n
+  bound = levels.bind(list(options.levels), [x.shape for x, d in zip(floats, dense) if not d],
+                      p)
 
   def rows(a):
     a = jnp.asarray(a)
@@ -264,17 +312,21 @@ def check_state(options: SyncOptions, state, trace: Trace):
   return local
 
 
-def local_gradient(options: SyncOptions, flat, old_velocity, p: int):
-  """Stage 2: DGC's local clipping, then its momentum correction (the velocity is what
-  travels): ``(what the all-reduce sums, the new velocity or None)``."""
+def local_gradient(options: SyncOptions, flat, dense: list, old_velocity, p: int):
+  """Stage 2: DGC's local clipping (of the flat vector and the ``dense`` leaves together),
+  then its momentum correction (the velocity is what travels): ``(what the all-reduce sums,
+  the dense leaves, the new velocity or None)``."""
   if options.clip_norm is not None:
-    norm = jnp.linalg.norm(flat.astype(jnp.float32))
+    norm = jnp.sqrt(sum((jnp.sum(jnp.square(v.astype(jnp.float32))) for v in [flat, *dense]),
+                        jnp.zeros((), jnp.float32)))
     limit = options.clip_norm / np.sqrt(p)
-    flat = (flat * jnp.minimum(1.0, limit / jnp.maximum(norm, 1e-30))).astype(flat.dtype)
+    scale = jnp.minimum(1.0, limit / jnp.maximum(norm, 1e-30))
+    flat = (flat * scale).astype(flat.dtype)
+    dense = [(v * scale).astype(v.dtype) for v in dense]
   if options.momentum is None:
-    return flat, None
+    return flat, dense, None
   velocity = (options.momentum * old_velocity[0] + flat).astype(flat.dtype)
-  return velocity, velocity
+  return velocity, dense, velocity
 
 
 def _run_one(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, axis_name,
@@ -322,11 +374,13 @@ def run_level(options: SyncOptions, trace: Trace, x, local, count):
   return y, new_local, bytes_sent, h, index, local
 
 
-def agree_on_nonfinite(options: SyncOptions, trace: Trace, x, y, local, new_local, velocity,
-                       old_velocity, index):
+def agree_on_nonfinite(options: SyncOptions, trace: Trace, x, y, dense, local, new_local,
+                       velocity, old_velocity, index):
   """Stage 4: DGC's momentum factor masking, then the non-finite guard every device
-  agrees on: ``(y, new_local, velocity, bad)``."""
+  agrees on (the dense leaves' means included): ``(y, dense, new_local, velocity, bad)``."""
   bad = nonfinite_policy.any_device(options.reaches_result, x, local, y, options.axis_name)
+  for mean in dense:  # the dense leaves' means, the same on every device
+    bad |= ~jnp.all(jnp.isfinite(mean))
   others = tuple(a for a in bound_axes() if a != options.axis_name)
   if others:  # every column skips, or none: a step is never applied to some shards only
     bad = jax.lax.pmax(bad.astype(jnp.int32), others) > 0
@@ -335,9 +389,15 @@ def agree_on_nonfinite(options: SyncOptions, trace: Trace, x, y, local, new_loca
     velocity = jnp.where(sparse & (y != 0), jnp.zeros_like(velocity), velocity)
   if options.nonfinite == "skip":
     y, new_local = nonfinite_policy.skip_if(bad, y, new_local, local)
+    dense = [jnp.where(bad, jnp.zeros_like(mean), mean) for mean in dense]
     if velocity is not None:
       velocity = jnp.where(bad, old_velocity[0], velocity)
-  return y, new_local, velocity, bad
+  return y, dense, new_local, velocity, bad
+
+
+def dense_bytes(p: int, n: int, itemsize: int) -> int:
+  """Bytes one device sends in the ring all-reduce (``pmean``) of ``n`` dense entries."""
+  return dense_formula(p, n, itemsize).bytes
 
 
 def next_stats(trace: Trace, y, new_local, bytes_sent, h, bad, index, old: SyncStats
@@ -360,20 +420,33 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None):
   p = axis_size(options.axis_name, who="sync_gradients: update")
   leaves, treedef = jax.tree.flatten(updates)
   floats, dtype = _float_leaves(updates)
-  layout = flat_layout(options, updates, floats, specs, given)
+  dense = _dense_mask(options, floats)
+  sparse = [x for x, d in zip(floats, dense) if not d]
+  layout = flat_layout(options, updates, floats, specs, given, dense)
   trace = Trace(_shapes(floats), layout, dtype,
-                tuple(levels.bind(list(options.levels), [x.shape for x in floats], p)), p)
+                tuple(levels.bind(list(options.levels), [x.shape for x in sparse], p)), p)
   local = check_state(options, state, trace)
-  x, velocity = local_gradient(options, layout.flatten(floats, dtype), state.velocity, trace.p)
+  x, kept, velocity = local_gradient(options, layout.flatten(sparse, dtype),
+                                     [x for x, d in zip(floats, dense) if d], state.velocity,
+                                     trace.p)
   y, new_local, bytes_sent, h, index, local = run_level(options, trace, x, local,
                                                         state.count[0])
-  y, new_local, velocity, bad = agree_on_nonfinite(options, trace, x, y, local, new_local,
-                                                   velocity, state.velocity, index)
+  # The dense leaves: one pmean of their concatenation (one all-reduce, counted as the dense
+  # method counts its bytes).
+  means = [jax.lax.pmean(flat_vector.concat(kept, dtype), options.data_axes)] if kept else []
+  y, means, new_local, velocity, bad = agree_on_nonfinite(
+      options, trace, x, y, means, local, new_local, velocity, state.velocity, index)
+  bytes_sent += sum(dense_bytes(p, v.size, np.dtype(dtype).itemsize) for v in means)
   new_state = SyncState(jax.tree.map(lambda a: a[None], new_local),
                         None if velocity is None else velocity[None], state.count + 1,
                         next_stats(trace, y, new_local, bytes_sent, h, bad, index, state.stats),
                         state.leaves)
-  synced = iter(layout.unflatten(y, floats))  # non-float leaves pass through
+  if means:  # the dense leaves' entries count among those the sync delivered
+    new_state = new_state._replace(stats=new_state.stats._replace(
+        selected=new_state.stats.selected + sum(jnp.count_nonzero(m) for m in means)))
+  sparse_out = iter(layout.unflatten(y, sparse))
+  dense_out = iter(flat_vector.split(means[0], kept) if means else [])
+  synced = iter([next(dense_out) if d else next(sparse_out) for d in dense])
   return (jax.tree.unflatten(treedef, [next(synced) if jnp.issubdtype(x.dtype, jnp.floating)
                                        else x for x in leaves]), new_state)
 

@@ -26,7 +26,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    warmup_steps: int = 0, momentum: float | None = None,
                    momentum_masking: bool = True, clip_norm: float | None = None,
                    residual_decay: float | None = None, param_specs=None,
-                   local_axis: str | None = None,
+                   local_axis: str | None = None, dense_leaves=None,
                    **options) -> optax.GradientTransformationExtraArgs:
   """Synchronizes gradients across ``axis_name`` with the all-reduce ``method``.
 
@@ -67,6 +67,15 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     sync leaves behind fades instead of arriving late in full. In an outer loop
     (:func:`spardl_jax.diloco`) with a plain outer step it stands in for DiLoCo's outer
     momentum (SparseLoCo's observation); any method with error feedback takes it.
+
+  * ``dense_leaves``: leaves the method never sees, averaged by a dense ``pmean`` every step
+    instead (as PyTorch's PowerSGD hook keeps 1-D tensors dense): ``"vectors"`` (biases,
+    norm scales: leaves of at most one dimension), ``N`` (leaves of fewer than ``N``
+    entries on a device), or a callable taking a leaf's shape and returning True to keep it
+    dense. Under Adam every coordinate moves by about the learning rate whatever its
+    gradient's size, so a bias or a norm scale that a global top-k rarely picks is starved;
+    these leaves are a few per cent of a transformer's entries. Their bytes (the ring
+    all-reduce's) count in :class:`SyncStats`; they keep no residual. Not with ``momentum``.
 
   Whatever is accumulated, the bookkeeping stays exact (for SparDL with global residuals):
   ``sum(new residuals) + P * y == sum(u (or g) + beta * old residuals)`` up to float
@@ -116,6 +125,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
       residual kept whole).
     local_axis: a second data axis reduced densely inside each host around the method
       (see "Hierarchical sync"), or None.
+    dense_leaves: None, ``"vectors"``, an int or a callable: the leaves averaged densely
+      outside the method (see above).
     param_specs: the parameters' ``PartitionSpec`` s over the mesh (a pytree of the
       parameters' structure), needed only where the sync cannot read them: in a
       ``shard_map`` over every axis (it sees local shards), in a partial-auto ``shard_map``
@@ -147,7 +158,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
       method, tuple(levels.build(method, options, warmup_steps=warmup_steps)),
       axis_name=axis_name, axis_size=axis_size, nonfinite=nonfinite, momentum=momentum,
       momentum_masking=momentum_masking, clip_norm=clip_norm, param_specs=param_specs,
-      local_axis=local_axis, residual_decay=residual_decay)
+      local_axis=local_axis, residual_decay=residual_decay, dense_leaves=dense_leaves)
 
   def init_fn(params):
     return stages.init(config, params)
