@@ -16,6 +16,7 @@ The command lines are console scripts (``spardl-bench``, ``spardl-launch``,
 ``.parallel.launch``, ``.core.schedule``).
 """
 
+from spardl_jax import checkpoint
 from spardl_jax.core import schedule
 from spardl_jax.core.allreduce import SparDLState, spardl_allreduce
 from spardl_jax.core.config import BlockLayout, SparDLConfig
@@ -52,6 +53,7 @@ __all__ = (
     "SyncState",
     "SyncStats",
     "bounded_dispatch",
+    "checkpoint",
     "data_parallel_step",
     "density_rule",
     "density_warmup",

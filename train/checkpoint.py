@@ -37,8 +37,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import spardl_jax as sj
-from spardl_jax.core import protocol as sj_protocol
-from spardl_jax.sync.specs import axes_of
 
 log = logging.getLogger("train")
 
@@ -129,66 +127,11 @@ def _reason(error: Exception) -> str:
   return os.strerror(int(code.group(1))) if code else str(error).strip().splitlines()[-1]
 
 
-def _name(key) -> str:
-  for attr in ("name", "key", "idx"):
-    if hasattr(key, attr):
-      return str(getattr(key, attr))
-  raise TypeError(f"unexpected pytree key {key!r}")
-
-
-def _paths(tree) -> list[tuple[str, ...]]:
-  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return [tuple(_name(k) for k in path) for path, _ in leaves]
-
-
-def fold_residual(saved: np.ndarray, devices: int) -> np.ndarray:
-  """``(P, n)`` residual rows -> ``(devices, n)`` rows with the same total, evenly spread."""
-  total = saved.astype(np.float64).sum(axis=0)
-  rows = np.repeat((total / devices).astype(saved.dtype)[None], devices, axis=0)
-  rows[-1] = (total - rows[:-1].astype(np.float64).sum(axis=0)).astype(saved.dtype)
-  return rows
-
-
-def _row_devices(axis_names, sizes, spec) -> tuple[int, int]:
-  """``(data, columns)`` of a per-device leaf's leading axis: its rows are data-major, one
-  (or several) per device of the data axis times the mesh's other axes
-  (spardl_jax.sync.placement); ``(1, 1)`` for other leaves."""
-  if not spec or spec[0] is None:
-    return 1, 1
-  axes = axes_of(spec[0])
-  shape = dict(zip(axis_names, sizes))
-  return shape[axes[0]], int(np.prod([shape[a] for a in axes[1:]], dtype=np.int64))
-
-
-def _redistribute(rule: str, saved: np.ndarray, like: jax.Array, old: tuple[int, int],
-                  path: str) -> np.ndarray:
-  """A per-device leaf saved on ``old`` = ``(data, columns)`` devices rebuilt on ``like``'s
-  by its :func:`spardl_jax.fold_rules` rule, each column of the data axis on its own (each
-  device's rows are a contiguous slice of the leading axis, one row or several)."""
-  if rule == sj_protocol.FRESH:
-    return np.asarray(like)
-  mesh = like.sharding.mesh
-  devices, columns = _row_devices(mesh.axis_names, mesh.axis_sizes, like.sharding.spec)
-  if columns != old[1]:
-    raise CheckpointMismatch(
-        f"leaf {path} was saved with {old[1]} devices on the mesh axes besides the data axis "
-        f"and is restored onto {columns}; only the data axis may change size.")
-  rows = saved.reshape(old[0], columns, -1, *saved.shape[1:])  # (data, column, its rows, ...)
-  if rule == sj_protocol.SUM:
-    flat = rows.reshape(old[0], columns, -1)
-    out = np.stack([fold_residual(flat[:, c], devices) for c in range(columns)], axis=1)
-    out = out.reshape(devices, *rows.shape[1:])
-  elif rule == sj_protocol.SAME:
-    out = np.repeat(rows[:1], devices, axis=0)
-  elif rule == sj_protocol.MEAN:
-    out = np.repeat(rows.mean(axis=0, keepdims=True), devices, axis=0)
-  else:
-    raise ValueError(f"unknown fold rule {rule!r}")
-  return out.reshape(-1, *saved.shape[1:]).astype(saved.dtype)
-
-
 class CheckpointMismatch(ValueError):
   """A checkpoint of another train state (model, size, method or optimizer)."""
+
+
+_paths = sj.checkpoint.paths
 
 
 def _check_fits(step: int, directory, saved: dict, paths: list, leaves: list) -> set[int]:
@@ -198,8 +141,8 @@ def _check_fits(step: int, directory, saved: dict, paths: list, leaves: list) ->
     differ = sorted(set(paths) ^ set(saved))[:3]
     raise CheckpointMismatch(
         f"checkpoint {step} in {directory} holds another train state (another model, method "
-        f"or optimizer?): leaves {['/'.join(d) for d in differ]} are only on one side. Use "
-        f"a fresh checkpoint directory.")
+        f"or optimizer?): leaves {differ} are only on one side. Use a fresh checkpoint "
+        f"directory.")
   changed = set()
   for i, (path, like) in enumerate(zip(paths, leaves)):
     shape = tuple(saved[path].shape)
@@ -210,7 +153,7 @@ def _check_fits(step: int, directory, saved: dict, paths: list, leaves: list) ->
     if not per_device or shape[1:] != like.shape[1:]:
       raise CheckpointMismatch(
           f"checkpoint {step} in {directory} does not fit this train state: leaf "
-          f"{'/'.join(path)} has shape {shape} there and {like.shape} here (another model "
+          f"{path} has shape {shape} there and {like.shape} here (another model "
           f"size?). Use a fresh checkpoint directory.")
     changed.add(i)
   return changed
@@ -258,7 +201,7 @@ class Unreadable(ValueError):
 
 def _read(mgr: ocp.CheckpointManager, step: int, like):
   """Checkpoint ``step`` read for ``like``'s structure: ``(leaves, progress, changed)``, the
-  leaves whose device count differs (``changed``: index -> the saved metadata) read whole
+  leaves whose device count differs (``changed``: path -> the saved metadata) read whole
   onto the host. Every failure here means the checkpoint cannot be read."""
   # Orbax writes its metadata file last, inside the folder it renames into place: without
   # it (or without any saved leaf) the folder is debris, not another train state.
@@ -285,26 +228,19 @@ def _read(mgr: ocp.CheckpointManager, step: int, like):
       progress=ocp.args.JsonRestore()))
   by_path = dict(zip(disk, jax.tree.leaves(restored["state"])))
   out = [np.asarray(by_path[p]) if i in changed else by_path[p] for i, p in enumerate(paths)]
-  return out, restored["progress"], {i: saved[paths[i]].sharding for i in changed}
+  return out, restored["progress"], {paths[i]: saved[paths[i]] for i in changed}
 
 
 def _rebuild(step: int, like, out: list, changed: dict):
   """The leaves of :func:`_read` rebuilt onto ``like``'s devices (per-device leaves folded
-  by their rules). A failure here is not the checkpoint's: it propagates, and the
-  checkpoint stays where it is."""
-  leaves, treedef = jax.tree.flatten(like)
-  rules = jax.tree.leaves(sj.fold_rules(like))
-  paths = _paths(like)
-  for i, meta in sorted(changed.items()):
-    rows = _redistribute(rules[i], out[i], leaves[i],
-                         _row_devices(meta.axis_names, meta.shape, meta.partition_spec),
-                         "/".join(paths[i]))
-    out[i] = jax.make_array_from_callback(rows.shape, leaves[i].sharding,
-                                          lambda index, a=rows: a[index])
+  by their rules, :func:`spardl_jax.checkpoint.refold`). A failure here is not the
+  checkpoint's: it propagates, and the checkpoint stays where it is."""
+  state = sj.checkpoint.refold(jax.tree.unflatten(jax.tree.structure(like), out), like,
+                               metadata=changed)
   if changed:
     log.info("checkpoint %d was written on another device count: residuals folded and "
              "spread, %d per-device leaves rebuilt", step, len(changed))
-  return jax.tree.unflatten(treedef, out)
+  return state
 
 
 def _drop_late_tensorstore_callbacks() -> None:

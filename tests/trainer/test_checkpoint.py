@@ -311,7 +311,9 @@ def test_a_failure_while_rebuilding_leaves_the_checkpoint_in_place(tmp_path, mon
   def broken(*args, **kwargs):
     raise RuntimeError("a bug in the fold")
 
-  monkeypatch.setattr(checkpoint, "_redistribute", broken)
+  from spardl_jax.sync import refold
+
+  monkeypatch.setattr(refold, "_fold", broken)
   with pytest.raises(RuntimeError, match="a bug in the fold"):
     restore(tmp_path, devices=2)
   assert (tmp_path / "1").is_dir() and not (tmp_path / "unreadable").exists()

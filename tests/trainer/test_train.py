@@ -252,46 +252,6 @@ def test_every_task_trains(tmp_path, model, dataset, seq_len):
       assert all(np.array_equal(shards[0], x) for x in shards)
 
 
-def test_redistribution_rules():
-  """Residual rows keep their total; MultiSteps accumulators keep their mean."""
-  from train import checkpoint
-
-  rng = np.random.default_rng(0)
-  saved = (rng.standard_normal((8, 1000)) * 10 ** rng.uniform(-3, 3, 1000)).astype(np.float32)
-  for devices in (1, 3, 4, 6, 16):
-    rows = checkpoint.fold_residual(saved, devices)
-    assert rows.shape == (devices, 1000) and rows.dtype == np.float32
-    total = saved.astype(np.float64).sum(0)
-    np.testing.assert_allclose(rows.astype(np.float64).sum(0), total, rtol=0,
-                               atol=1e-6 * np.abs(saved).max())
-    assert devices == 1 or np.ptp(rows[:-1], axis=0).max() == 0  # evenly spread
-  mesh = make_mesh(4)
-  like = jax.device_put(jnp.zeros((4 * 3, 5)), jax.sharding.NamedSharding(mesh, P("data")))
-  acc = rng.standard_normal((8 * 3, 5)).astype(np.float32)
-  rows = checkpoint._redistribute(sj.core.protocol.MEAN, acc, like, (8, 1), "acc")
-  np.testing.assert_allclose(rows.reshape(4, 3, 5).mean(0), acc.reshape(8, 3, 5).mean(0),
-                             rtol=1e-6)
-  # A sharded run's rows (data-major, 2 columns of the "model" axis) saved on data = 4 and
-  # restored on data = 2: each column keeps its own residual mass.
-  mesh2 = jax.make_mesh((2, 2), ("data", "model"), devices=jax.devices()[:4])
-  like = jax.device_put(jnp.zeros((4, 7)), jax.sharding.NamedSharding(mesh2, P(("data", "model"))))
-  saved = rng.standard_normal((8, 7)).astype(np.float32)
-  rows = checkpoint._redistribute(sj.core.protocol.SUM, saved, like, (4, 2), "residual")
-  np.testing.assert_allclose(rows.reshape(2, 2, 7).sum(0), saved.reshape(4, 2, 7).sum(0),
-                             rtol=1e-5, atol=1e-6)
-  with pytest.raises(checkpoint.CheckpointMismatch, match="residual was saved with 4 devices "
-                                                          "on the mesh axes besides the data"):
-    checkpoint._redistribute(sj.core.protocol.SUM, saved, like, (2, 4), "residual")
-  # The rules come from the state types: what each leaf of a real optimizer state gets.
-  params = {"w": jnp.zeros((40,))}
-  tx = optax.MultiSteps(optax.chain(sj.spardl(density=0.1, momentum=0.9), optax.sgd(0.1)), 2)
-  rules = sj.fold_rules(sj.init_opt_state(tx, params, mesh))
-  sync = rules.inner_opt_state[0]
-  assert (sync.method_state.residual, sync.velocity, sync.count) == ("sum", "sum", "same")
-  assert set(jax.tree.leaves((sync.method_state.controller, sync.stats))) == {"fresh"}
-  assert rules.acc_grads == {"w": "mean"} and rules.mini_step == "fresh"
-
-
 @pytest.mark.parametrize("flags,message", [
     (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
     (["--lr", "-1"], "argument --lr: must be > 0.0 and finite, got -1"),
