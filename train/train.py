@@ -257,12 +257,17 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
   elif tuning.outer_lr is not None or tuning.outer_momentum is not None:
     raise ValueError("outer_lr and outer_momentum (the outer loop's step) need outer=H "
                      "in the same spec, or --outer-every H.")
+  recipe = recipe_tuning(cfg.recipe, optimizer=cfg.optimizer, steps_per_epoch=steps_per_epoch)
   if sj.methods.is_sparse(variant.method) and not every:  # the recipe fills in the rest
-    recipe = recipe_tuning(cfg.recipe, optimizer=cfg.optimizer,
-                           steps_per_epoch=steps_per_epoch)
     if tuning.momentum is not None:  # DGC's momentum correction in place of Adam's around
       recipe = recipe._replace(synced=None, second_moment=None)
     tuning = tuning.over(recipe)
+  elif tuning.synced and tuning.second_moment is None:
+    # Adam around any other sync (PowerSGD) trains v as the recipe does: v frozen after a
+    # short warm-up is one sample of the mean gradient's square, near 0 for some
+    # coordinates, whose steps then grow far beyond the learning rate (a loss of 577
+    # after two steps with a one-step warm-up).
+    tuning = tuning._replace(second_moment=recipe.second_moment)
   if tuning.freeze is not None and cfg.optimizer != "adamw":
     raise ValueError(f"freeze (Adam's second moment frozen) needs --optimizer "
                      f"adamw, got --optimizer {cfg.optimizer}.")

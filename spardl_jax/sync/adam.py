@@ -28,7 +28,7 @@ import optax
 from spardl_jax.core.config import check_number
 from spardl_jax.sync.methods import is_sparse, names
 from spardl_jax.sync.state import check_sync_alone
-from spardl_jax.sync.transform import sync_gradients
+from spardl_jax.sync.transform import dense_warmup, sync_gradients
 
 __all__ = ['ScaleByFrozenAdamState', 'scale_by_frozen_adam', 'ScaleBySyncedAdamState',
            'scale_by_synced_adam', 'Sends', 'SecondMoment', 'synced_adamw']
@@ -219,6 +219,10 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     eps: added to ``sqrt(v_hat)``, a finite number > 0.
     sends: ``"momentum"`` or ``"preconditioned"`` (above).
     second_moment: ``"frozen"`` after the warm-up, or trained where ``"sent"`` (above).
+      Frozen after a short warm-up, ``v`` holds few samples of the mean gradient's square,
+      near 0 for some coordinates, whose steps then grow far beyond the learning rate
+      (PowerSGD with a one-step warm-up diverged in two steps); ``"sent"`` goes on
+      training it.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -239,6 +243,13 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     raise TypeError(f"scale_by_synced_adam: sync must be an optax.GradientTransformation "
                     f"(spardl_jax.spardl, spardl_jax.sync_gradients), got "
                     f"{type(sync).__name__}.")
+  warmup = dense_warmup(sync)
+  if warmup is not None and warmup < freeze_step:
+    raise ValueError(
+        f"scale_by_synced_adam: freeze_step={freeze_step}, but the sync's dense warm-up is "
+        f"{warmup} steps: v trains on the mean gradient only while the sync is dense; build "
+        f"the sync with warmup_steps={freeze_step} (or more)"
+        + (f", or lower freeze_step to {warmup}." if warmup else "."))
   sync = optax.with_extra_args_support(sync)
 
   def init_fn(params):
@@ -338,12 +349,35 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
     An ``optax.GradientTransformationExtraArgs``; its state is a tuple whose first entry is
     the :class:`ScaleBySyncedAdamState`.
   """
-  warmup_steps = check_number("synced_adamw", "warmup_steps", warmup_steps, "an int >= 1",
+  who = "synced_adamw"
+  warmup_steps = check_number(who, "warmup_steps", warmup_steps, "an int >= 1",
                               integral=True, accept=lambda s: s >= 1)
+  if not callable(learning_rate):
+    check_number(who, "learning_rate", learning_rate, "a finite number >= 0 or an optax "
+                 "schedule", accept=lambda lr: 0 <= lr < float("inf"))
+  check_number(who, "weight_decay", weight_decay, "a finite number >= 0",
+               accept=lambda wd: 0 <= wd < float("inf"))
+  if sync_options.get("momentum") is not None:
+    raise ValueError(f"{who}: momentum={sync_options['momentum']} (DGC's momentum "
+                     f"correction) would put a second momentum inside Adam's: Adam's first "
+                     f"moment is what the sync averages; set Adam's b1 instead.")
   if method in names() and is_sparse(method):  # an unknown one: sync_gradients names them
     sync_options["density"] = density
   sync = sync_gradients(method, warmup_steps=warmup_steps, **sync_options)
-  return optax.chain(
+  inner = optax.chain(
       scale_by_synced_adam(sync, freeze_step=warmup_steps, b1=b1, b2=b2, eps=eps, sends=sends,
                            second_moment=second_moment),
       optax.add_decayed_weights(weight_decay, mask), optax.scale_by_learning_rate(learning_rate))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    if not (isinstance(state, tuple) and len(state) == 3
+            and isinstance(state[0], ScaleBySyncedAdamState)):
+      got = type(state).__name__
+      if isinstance(state, tuple):
+        got += f" of {', '.join(type(part).__name__ for part in state)}"
+      raise TypeError(f"{who}: state must be what this transformation's init returns (a "
+                      f"tuple whose first entry is a ScaleBySyncedAdamState), got {got}; "
+                      f"init it with sj.init_opt_state(tx, params, mesh) of this tx.")
+    return inner.update(updates, state, params, **extra_args)
+
+  return optax.GradientTransformationExtraArgs(inner.init, update_fn)

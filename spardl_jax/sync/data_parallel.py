@@ -55,7 +55,28 @@ def _state_specs(tx: optax.GradientTransformation, params, mesh, axis_name: str,
                        out_specs=PartitionSpec(), check_vma=False)
   with use_param_specs(layout.spec_tree()):
     local = jax.eval_shape(init, abstract)
+  _check_every_leaf_synced(local, params)
   return state_specs(local, device_spec(mesh.axis_names, axis_name), layout)
+
+
+def _check_every_leaf_synced(state, params) -> None:
+  """Under ``optax.masked`` or ``optax.multi_transform`` a sync sees only its part of the
+  gradients; a float leaf that no sync sees reaches the optimizer as each device's own
+  gradient, and the replicated parameters drift apart with no error. Every float leaf must
+  be seen by some sync (optimizers without any sync are left alone)."""
+  syncs = [node for node in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, SyncState))
+           if isinstance(node, SyncState)]
+  if not syncs:
+    return
+  seen = sum(len(sync.leaves.shapes) for sync in syncs)
+  floats = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+  if seen < len(floats):
+    raise ValueError(
+        f"the optimizer's gradient syncs see {seen} of the {len(floats)} float parameter "
+        f"leaves (optax.masked or optax.multi_transform around a sync?): the others would "
+        f"be applied with each device's own gradient, and the replicas would drift apart. "
+        f"Give every part a sync (sj.sync_gradients('dense') for the leaves to keep dense), "
+        f"or keep leaves dense inside one sync with dense_leaves='vectors' (or N).")
 
 
 def opt_state_specs(tx: optax.GradientTransformation, params, mesh: jax.sharding.Mesh, *,

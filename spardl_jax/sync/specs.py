@@ -27,7 +27,7 @@ import math
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-__all__ = ['use_param_specs', 'context_specs', 'check_axis', 'axes_of', 'leaf_specs',
+__all__ = ['use_param_specs', 'check_spec_tree', 'context_specs', 'check_axis', 'axes_of', 'leaf_specs',
            'check_same_specs', 'specs_shown', 'check_leaf_specs', 'local_shape', 'restrict']
 
 _CONTEXT: contextvars.ContextVar = contextvars.ContextVar("spardl_jax.use_param_specs",
@@ -62,11 +62,37 @@ def use_param_specs(param_specs):
     >>> state.method_state.residual.shape  # per device: w's 8x2 shard and b's 6/2 slice
     (8, 19)
   """
+  check_spec_tree(param_specs, "use_param_specs")
   token = _CONTEXT.set(param_specs)
   try:
     yield
   finally:
     _CONTEXT.reset(token)
+
+
+def check_spec_tree(param_specs, who: str, mesh=None, data_axes: tuple[str, ...] = ()) -> None:
+  """A clear error unless ``param_specs`` is a pytree of ``PartitionSpec`` s and Nones (a
+  bare axis name is not a spec) whose axes are ``mesh``'s (where one is given, or set) and
+  none of the ``data_axes`` (the sync reduces over them)."""
+  if param_specs is None:
+    return
+  if mesh is None:
+    mesh = jax.sharding.get_abstract_mesh()
+  names = tuple(mesh.axis_names) if mesh is not None and mesh.axis_names else None
+  for path, spec in jax.tree_util.tree_flatten_with_path(param_specs, is_leaf=_is_spec)[0]:
+    where = jax.tree_util.keystr(path) or "param_specs"
+    if not _is_spec(spec):
+      raise ValueError(f"{who}: param_specs must hold a PartitionSpec (or None for "
+                       f"replicated) per parameter, got {spec!r} at {where}; write "
+                       f"PartitionSpec({spec!r}) for a leaf sharded over that axis.")
+    for axis in (a for entry in (spec or ()) for a in axes_of(entry)):
+      if names is not None and axis not in names:
+        raise ValueError(f"{who}: param_specs names the axis {axis!r} at {where}, which is "
+                         f"not in the mesh {names}.")
+      if axis in data_axes:
+        raise ValueError(f"{who}: param_specs shards {where} over the data axis {axis!r} "
+                         f"({spec}); the sync reduces over it, so a parameter is replicated "
+                         f"over it (shard over the mesh's other axes only).")
 
 
 def context_specs():

@@ -42,8 +42,8 @@ from spardl_jax.core.nonfinite import NonFinite
 from spardl_jax.sync import levels
 from spardl_jax.sync.flat_layout import FlatLayout, columns, free_axes
 from spardl_jax.sync.placement import device_spec
-from spardl_jax.sync.specs import (check_leaf_specs, check_same_specs, context_specs,
-                                   leaf_specs, restrict, specs_shown)
+from spardl_jax.sync.specs import (check_leaf_specs, check_same_specs, check_spec_tree,
+                                   context_specs, leaf_specs, restrict, specs_shown)
 from spardl_jax.sync.state import LeafShapes, SyncState, SyncStats
 
 __all__ = ['SyncOptions', 'init', 'update', 'init_local', 'update_local', 'check_state',
@@ -122,8 +122,10 @@ class SyncOptions:
     """The parameters' specs: the transformation's own ``param_specs``, else what came
     through ``door`` (``tx.update``'s extra argument, or ``use_param_specs`` for init);
     where both came, they must agree."""
+    check_spec_tree(door, f"{who} ({door_name})", data_axes=self.data_axes)
     if self.param_specs is None:
       return door
+    check_spec_tree(self.param_specs, who, data_axes=self.data_axes)
     if door is not None:
       check_same_specs(self.param_specs, door, door_name, who)
     return self.param_specs

@@ -108,19 +108,38 @@ def check_sync_alone(state, who: str, what: str) -> None:
                      f"spardl_jax.sync_gradients), not a chain; it {what}.")
 
 
-def sync_stats(opt_state) -> SyncStats:
+def sync_stats(opt_state, *, by_part: bool = False):
   """The :class:`SyncStats` inside an optimizer state (e.g. of an ``optax.chain``), each
   field a plain array (a Flax NNX optimizer's state holds each leaf in a variable: its
   value is returned).
 
+  A state with several syncs (``optax.multi_transform`` with a sparse sync on the matrices
+  and a dense one on the biases, say) is read with ``by_part=True``: a dict from each sync's
+  path in the state (``inner_states['matrices'].inner_state[0]``, the label inside) to its
+  statistics; a step's bytes are the sum of the parts' ``bytes_sent``.
+
   Raises:
-    ValueError: if the state holds no or several :class:`SyncState`.
+    ValueError: if the state holds no :class:`SyncState`, or several without ``by_part``.
   """
-  found = states_in(opt_state, SyncState)
+  found = jax.tree_util.tree_flatten_with_path(
+      opt_state, is_leaf=lambda x: isinstance(x, SyncState))[0]
+  found = [(jax.tree_util.keystr(path), node) for path, node in found
+           if isinstance(node, SyncState)]
+
+  def plain(state):
+    return SyncStats(*(jax.tree.leaves(field)[0] for field in state.stats))
+
+  if by_part:
+    if not found:
+      raise ValueError("sync_stats: the optimizer state holds no SyncState (no gradient "
+                       "sync in this optimizer?).")
+    return {path: plain(state) for path, state in found}
   if len(found) != 1:
+    where = "" if not found else (f" (at {', '.join(path for path, _ in found)}); read each "
+                                  f"with sync_stats(opt_state, by_part=True)")
     raise ValueError(f"sync_stats: expected one SyncState in the optimizer state, found "
-                     f"{len(found)}.")
-  return SyncStats(*(jax.tree.leaves(field)[0] for field in found[0].stats))
+                     f"{len(found)}{where}.")
+  return plain(found[0][1])
 
 
 def _multisteps_fields(state: optax.MultiStepsState, rows: PartitionSpec | None):

@@ -12,13 +12,15 @@ each device (see :mod:`spardl_jax.sync.placement` for the shardings and
 
 from __future__ import annotations
 
+import weakref
+
 import optax
 
 from spardl_jax.core.nonfinite import NonFinite
 from spardl_jax.sync import levels, stages
 from spardl_jax.sync.density import DensityRule
 
-__all__ = ['sync_gradients', 'spardl', 'powersgd']
+__all__ = ['sync_gradients', 'spardl', 'powersgd', 'dense_warmup']
 
 
 def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
@@ -168,7 +170,26 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     del params, extra_args  # other transformations' extra arguments
     return stages.update(config, updates, state, param_specs, batch_axes)
 
+  _BUILT[update_fn] = config
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+# What each sync_gradients was built with, by its update function, for the transformations
+# that wrap a sync and must check it (scale_by_synced_adam's warm-up).
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def dense_warmup(tx: optax.GradientTransformation) -> int | float | None:
+  """The syncs ``tx`` starts with that deliver the exact mean: its ``warmup_steps`` (``inf``
+  for ``"dense"``, 0 for none), or None where ``tx`` is no :func:`sync_gradients` (a chain, another
+  transformation)."""
+  config = _BUILT.get(tx.update)
+  if config is None:
+    return None
+  # A level that is not the exact mean: past the warm-up, a method other than pmean.
+  inexact = [level.start for level in config.levels
+             if not level.dense and level.allreduce.name != "dense"]
+  return inexact[0] if inexact else float("inf")
 
 
 def spardl(*, density: float | levels.DensitySchedule | str | DensityRule = 0.01,
