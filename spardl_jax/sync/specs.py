@@ -90,9 +90,7 @@ def check_spec_tree(param_specs, who: str, mesh=None, data_axes: tuple[str, ...]
         raise ValueError(f"{who}: param_specs names the axis {axis!r} at {where}, which is "
                          f"not in the mesh {names}.")
       if axis in data_axes:
-        raise ValueError(f"{who}: param_specs shards {where} over the data axis {axis!r} "
-                         f"({spec}); the sync reduces over it, so a parameter is replicated "
-                         f"over it (shard over the mesh's other axes only).")
+        raise _over_data_axis(who, where, axis, spec, data_axes, names or ())
 
 
 def context_specs():
@@ -213,13 +211,7 @@ def check_leaf_specs(tree, specs, shape: dict, data_axes: tuple[str, ...], who: 
     for dim, entry in enumerate(spec):
       for axis in axes_of(entry):
         if axis in data_axes:
-          what = ("the data axis" if axis == data_axes[0] else
-                  "the local_axis (a second data axis inside a host, not a model axis)")
-          raise ValueError(
-              f"{who}: parameter {name} is sharded over {what} {axis!r} ({spec}); the "
-              f"sync reduces over that axis, so a parameter must be replicated over it and "
-              f"may be sharded over the mesh's other axes "
-              f"{tuple(a for a in shape if a not in data_axes)} only.")
+          raise _over_data_axis(who, name, axis, spec, data_axes, tuple(shape))
         if axis not in shape:
           raise ValueError(f"{who}: parameter {name} names the axis {axis!r}, which is not in "
                            f"the mesh {tuple(shape)}.")
@@ -231,6 +223,17 @@ def check_leaf_specs(tree, specs, shape: dict, data_axes: tuple[str, ...], who: 
         raise ValueError(
             f"{who}: parameter {name} of shape {tuple(x.shape)} cannot be sharded {spec}: "
             f"dimension {dim} must be divisible by {size} (the mesh axes {axes_of(entry)}).")
+
+
+def _over_data_axis(who: str, name: str, axis: str, spec, data_axes: tuple[str, ...],
+                    mesh_axes: tuple[str, ...]) -> ValueError:
+  """The error for a parameter sharded over an axis the sync reduces over."""
+  what = ("the data axis" if axis == data_axes[0] else
+          "the local_axis (a second data axis inside a host, not a model axis)")
+  return ValueError(
+      f"{who}: parameter {name} is sharded over {what} {axis!r} ({spec}); the sync reduces "
+      f"over that axis, so a parameter must be replicated over it and may be sharded over "
+      f"the mesh's other axes {tuple(a for a in mesh_axes if a not in data_axes)} only.")
 
 
 def local_shape(shape, spec: PartitionSpec, sizes: dict) -> tuple[int, ...]:

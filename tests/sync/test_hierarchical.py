@@ -153,11 +153,8 @@ def test_a_model_axis_given_as_local_axis_is_named():
                     axis_types=(jax.sharding.AxisType.Explicit,) * 3)
   tx = optax.chain(sj.spardl(density=0.5, axis_name="host", local_axis="model"), optax.sgd(0.1))
   params = {"w": jax.device_put(jnp.ones((16, 4)), NamedSharding(m, P(None, "model")))}
-  state = sj.init_opt_state(tx, params, m, axis_name="host")
-  step = sj.data_parallel_step(lambda p, x: jnp.mean((x @ p["w"]) ** 2), tx, m,
-                               axis_name="host", local_axis="model")
-  x = jax.device_put(jnp.ones((8, 16)), NamedSharding(m, P(("host", "model"))))
+  # Named when the state is built, before any step is traced.
   with jax.set_mesh(m), pytest.raises(
       ValueError, match=r"parameter \['w'\] is sharded over the local_axis \(a second data axis "
                         r"inside a host, not a model axis\) 'model'"):
-    step(params, state, x)
+    sj.init_opt_state(tx, params, m, axis_name="host")

@@ -460,3 +460,19 @@ def test_vector_regression_scores_every_feature():
   np.testing.assert_allclose(metric, [[0, 2, 1], [1, 2, 0]])
   losses, _ = _loss_terms("regress", jnp.array([[2.0], [3.0]]), jnp.array([1.0, 5.0]))
   np.testing.assert_allclose(losses, [1, 4])
+
+
+def test_adam_around_a_low_rank_sync_trains_v_as_the_recipe_does():
+  """powersgd:synced=momentum:warmup=1 once froze v after one warm-up step (one sample of the
+  mean gradient's square, near 0 for some coordinates) and reached a loss of 577 in two
+  steps: v now trains where the sync delivers, as the AdamW recipe's sparse methods do."""
+  from train.config import TrainConfig, parse_variant
+  from train.train import variant_tuning
+
+  cfg = TrainConfig(optimizer="adamw")
+  variant = parse_variant("powersgd:synced=momentum:warmup=1", density=0.01, teams=1,
+                          sag="auto", residuals="global")
+  assert variant_tuning(cfg, variant, steps_per_epoch=10).second_moment == "sent"
+  frozen = parse_variant("powersgd:synced=momentum:warmup=1:second_moment=frozen",
+                         density=0.01, teams=1, sag="auto", residuals="global")
+  assert variant_tuning(cfg, frozen, steps_per_epoch=10).second_moment == "frozen"
