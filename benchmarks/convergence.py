@@ -238,7 +238,7 @@ def _parse_args(argv):
   for c in args.cases:
     if c not in CASES:
       p.error(f"--cases: unknown {c!r}; choose from {', '.join(CASES)}")
-  keys = list(GROUPS.get(args.variants, args.variants.split(",")))
+  keys = [k for part in args.variants.split(",") for k in GROUPS.get(part, (part,))]
   for k in keys:
     if k not in KNOWN:
       p.error(f"--variants: unknown {k!r}; choose from {', '.join(KNOWN)}, or a group: "

@@ -31,6 +31,18 @@ class UsageError(ValueError):
   """A flag value the trainer cannot run with; printed as one line (``--debug``: a trace)."""
 
 
+def _density(text: str):
+  """``--density``: a number in (0, 1] or ``auto`` (the same words a spec's density=
+  takes)."""
+  try:
+    value = methods.parse_density(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a number in (0, 1] or 'auto'") from None
+  if value != methods.AUTO and not 0 < value <= 1:
+    raise argparse.ArgumentTypeError(f"must be in (0, 1] or 'auto', got {text}")
+  return value
+
+
 def _parse_args(argv):
   d = TrainConfig()
   p = argparse.ArgumentParser(prog="python -m train", description=__doc__)
@@ -58,8 +70,9 @@ def _parse_args(argv):
                       "method[:key=value...] with the method's options and the tuning keys "
                       f"{', '.join(TUNING)}, e.g. 'dense,spardl,spardl:density=0.001,"
                       "spardl:warmup=31:momentum=0.9' (default: %(default)s)")
-  p.add_argument("--density", type=POSITIVE_FLOAT, default=OPTION_DEFAULTS["density"],
-                 help="SparDL density (default %(default)s)")
+  p.add_argument("--density", type=_density, default=OPTION_DEFAULTS["density"],
+                 help="the sparse methods' density, in (0, 1], or 'auto' (picked from the "
+                      "devices, sj.density_rule) (default %(default)s)")
   p.add_argument("--teams", type=parse_teams, default=OPTION_DEFAULTS["teams"],
                  help="SparDL teams d, or 'auto' for the alpha-beta model's pick (default 1)")
   p.add_argument("--sag", default=OPTION_DEFAULTS["sag"], choices=SAG_MODES,

@@ -436,7 +436,9 @@ class RunResult(NamedTuple):
       ``train_<metric>``,
       ``test_<metric>``, ``bytes_sent`` (cumulative per device), ``train_seconds``
       (cumulative wall time of the train steps and their input, the compilation and the
-      evaluations left out: what time to accuracy counts), ``residual_norm``.
+      evaluations left out: what time to accuracy counts), ``residual_norm``, ``density``
+      (of the level the epoch's last sync used: 1 in a dense warm-up, ``density="auto"``'s
+      pick at these devices).
     num_params: parameters (float entries synchronized per step).
     bytes_per_step: bytes each device sent per step, the mean over the run (an outer loop's
       syncs spread over its steps; a dense warm-up counted).
@@ -615,13 +617,14 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
     clock += time.perf_counter() - epoch_start - (loop.compile_seconds - compiled_before)
     sent += float(epoch_metrics[:, 2].sum())
     test_loss, test_metric = evaluate_model(evaluate, state, ds, mesh, cfg)
+    stats = sj.sync_stats(state.opt_state)
     history.append({"epoch": epoch, "steps": epoch * steps,
                     "train_loss": float(epoch_metrics[:, 0].mean()),
                     f"train_{ds.metric}": float(epoch_metrics[:, 1].mean()),
                     "test_loss": float(test_loss), f"test_{ds.metric}": float(test_metric),
                     "bytes_sent": sent, "train_seconds": clock,
-                    "residual_norm": float(np.mean(
-                        _host(sj.sync_stats(state.opt_state).residual_norm)))})
+                    "residual_norm": float(np.mean(_host(stats.residual_norm))),
+                    "density": float(_host(stats.density)[0])})
     loop.log(f"epoch {epoch}/{cfg.epochs}: train loss {history[-1]['train_loss']:.4f}, "
              f"test {ds.metric} {test_metric:.4f}")
     if mgr:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -200,6 +201,74 @@ def _named_data_axis(error: ValueError, data: tuple[str, ...]) -> ValueError:
       f"P(None, 'model') for P({named[0]!r}, 'model'). JAX said: {text.splitlines()[0]}")
 
 
+def _split_batch(batch, mesh, split: PartitionSpec, data: tuple[str, ...]):
+  """The batch's leading axis laid over the data axes, whatever layout it came in (a
+  replicated array, an uncommitted one), as the step's ``shard_map`` needs it; a clear error
+  for a leaf whose leading axis the data devices do not divide."""
+  devices = math.prod(mesh.shape[a] for a in data)
+  explicit = all(mesh.axis_types[mesh.axis_names.index(a)] == jax.sharding.AxisType.Explicit
+                 for a in data)
+
+  def place(path, b):
+    if not jnp.ndim(b) or jnp.shape(b)[0] % devices:
+      raise ValueError(
+          f"data_parallel_step: batch{jax.tree_util.keystr(path)} has shape {jnp.shape(b)}; "
+          f"its leading (example) axis is split over the data axes {data} ({devices} "
+          f"devices) and must be a multiple of {devices}.")
+    target = NamedSharding(mesh, split)
+    return jax.reshard(b, target) if explicit else jax.lax.with_sharding_constraint(b, target)
+
+  return jax.tree_util.tree_map_with_path(place, batch)
+
+
+def _checked_loss(loss_fn, has_aux: bool):
+  """``loss_fn`` whose result is checked as it is traced: a float scalar loss (the mean of
+  the examples it is given), and with ``has_aux`` a ``(loss, aux)`` pair whose aux leaves
+  are arrays or numbers; a clear error otherwise, before any work."""
+  def checked(*args):
+    out = loss_fn(*args)
+    pair = isinstance(out, (tuple, list))
+    if has_aux and not (pair and len(out) == 2):
+      raise TypeError(f"data_parallel_step: has_aux=True, so loss_fn must return (loss, "
+                      f"aux), got {f'{len(out)} values' if pair else 'one value'}.")
+    if pair and not has_aux:
+      raise TypeError("data_parallel_step: loss_fn returned a tuple; if it is (loss, aux), "
+                      "pass has_aux=True.")
+    loss = out[0] if has_aux else out
+    shape, dtype = jnp.shape(loss), getattr(loss, "dtype", None)
+    if shape != () or dtype is None and not isinstance(loss, float) or (
+        dtype is not None and not jnp.issubdtype(dtype, jnp.floating)):
+      raise TypeError(f"data_parallel_step: loss_fn must return a float scalar, the mean loss "
+                      f"of the examples it is given, got {dtype or type(loss).__name__}"
+                      f"{list(shape) if shape else ''}"
+                      + ("; take the mean over the examples (jnp.mean)" if shape else "")
+                      + ".")
+    if has_aux:
+      for path, leaf in jax.tree_util.tree_flatten_with_path(out[1])[0]:
+        if not (isinstance(leaf, (int, float, bool)) or hasattr(leaf, "dtype")):
+          raise TypeError(f"data_parallel_step: aux{jax.tree_util.keystr(path)} is a "
+                          f"{type(leaf).__name__}; aux leaves must be arrays or numbers "
+                          f"(they are reduced over the data axis).")
+    return out
+
+  return checked
+
+
+def _reduce_aux(aux, rows: int | None, data: tuple[str, ...]):
+  """``aux`` over the data axis: per-example leaves (a leading axis of the local batch's
+  ``rows``) gathered in batch order, float leaves averaged, integer and boolean ones summed
+  (counts)."""
+  def reduce(a):
+    a = jnp.asarray(a)
+    if rows is not None and a.ndim and a.shape[0] == rows:
+      return jax.lax.all_gather(a, data, tiled=True)
+    if jnp.issubdtype(a.dtype, jnp.floating):
+      return jax.lax.pmean(a, data)
+    return jax.lax.psum(a.astype(jnp.int32) if a.dtype == jnp.bool_ else a, data)
+
+  return jax.tree.map(reduce, aux)
+
+
 def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *,
                        axis_name: str = "data", local_axis: str | None = None,
                        has_aux: bool = False):
@@ -232,7 +301,11 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
   Returns:
     ``step(params, opt_state, *batch) -> (params, opt_state, loss[, aux])``, jitted (the
     parameters' layout is read from the arrays, so it needs no ``param_specs``). ``loss``
-    and the float leaves of ``aux`` are means over the data axis (the same on every device).
+    is the mean over the data axis (the same on every device); of ``aux``, a leaf with a
+    leading axis of the device's batch rows is per example and is gathered in batch order
+    (the global batch's), other float leaves are means and integer or boolean ones sums
+    (counts) over the data axis. A loss that is not a float scalar, or an aux that is not
+    arrays or numbers, is refused when the step is traced.
     ``opt_state`` comes from :func:`init_opt_state`.
 
   Example:
@@ -272,12 +345,14 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
                        f"{local_axis!r} the devices of a host would drift apart. Drop "
                        f"local_axis.")
     at = replica_params(opt_state, params)  # an outer loop's replica; else params
-    out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(at, *batch)
+    out, grads = jax.value_and_grad(_checked_loss(loss_fn, has_aux), has_aux=has_aux)(
+        at, *batch)
     updates, opt_state = tx.update(grads, opt_state, params, param_specs=param_specs,
                                    batch_axes=data)
-    means = jax.tree.map(lambda a: jax.lax.pmean(a, data) if jnp.issubdtype(
-        jnp.asarray(a).dtype, jnp.floating) else a, out)
-    return optax.apply_updates(params, updates), opt_state, means
+    rows = jax.tree.leaves(batch)[0].shape[0] if jax.tree.leaves(batch) else None
+    reduced = (jax.lax.pmean(out[0], data), _reduce_aux(out[1], rows, data)) if has_aux \
+        else jax.lax.pmean(out, data)
+    return optax.apply_updates(params, updates), opt_state, reduced
 
   # The parameters' specs travel as a static argument (a tuple, one spec per leaf): each
   # layout gets its own trace, and the arrays' shardings are part of jit's cache key anyway.
@@ -285,6 +360,7 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
   def jitted(params, opt_state, shown, *batch):
     specs = None if shown is None else jax.tree.unflatten(jax.tree.structure(params), shown)
     rows = state_specs(opt_state, split)
+    batch = _split_batch(batch, mesh, split, data)
     params, opt_state, out = jax.shard_map(
         functools.partial(local, param_specs=specs), mesh=mesh,
         in_specs=(PartitionSpec(), rows, split), out_specs=(PartitionSpec(), rows, PartitionSpec()),

@@ -64,8 +64,12 @@ def parse_teams(text: str):
 
 
 def parse_density(text: str):
-  """A ``density`` value from text: a number or ``'auto'`` (picked from the devices)."""
-  return text if text == AUTO else float(text)
+  """A ``density`` value from text: a number or ``'auto'`` (picked from the devices; any
+  case)."""
+  return AUTO if text.strip().lower() == AUTO else float(text)
+
+
+parse_density.__name__ = "density (a number in (0, 1], or 'auto')"
 
 
 def parse_int_or_none(text: str):
