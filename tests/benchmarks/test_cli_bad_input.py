@@ -25,6 +25,15 @@ def fake_tta_run(out, devices=2, methods=("dense",)):
   return out
 
 
+def fake_convergence_run(out, keys=("dense",)):
+  """A convergence run's results.json (as --no-dense writes it) with ``keys``' runs."""
+  out.mkdir(parents=True)
+  rows = [{"case": "mnist1d_cnn1d", "key": k, "variant": k, "metric": "accuracy",
+           "bytes_per_step": 4.0, "curves": [[[10, 40.0, 0.5, 1.0]]]} for k in keys]
+  (out / "results.json").write_text(json.dumps({"rows": rows}))
+  return out
+
+
 TTA = ["--local", "--rates", "unshaped", "--model-size", "tiny"]
 ROWS = [
     ("tta --timeout -1", time_to_accuracy.main, lambda tmp: TTA + ["--timeout", "-1"],
@@ -65,6 +74,16 @@ ROWS = [
                   "0", "--out", str(tmp / "cv")],
      "--cases shakespeare_gpt_sharded --variants powersgd: sync_gradients: 'powersgd' "
      "compresses each parameter as a matrix"),
+    ("convergence --variants, a group then an unknown name", convergence.main,
+     lambda tmp: ["--variants", "adam,nosuch", "--out", str(tmp / "cv")],
+     "--variants: unknown 'nosuch'"),
+    ("convergence --no-dense without variants", convergence.main,
+     lambda tmp: ["--no-dense", "--variants", "dense", "--out", str(tmp / "cv")],
+     "--no-dense: name the variants to run with --variants"),
+    ("convergence --report without dense's runs", convergence.main,
+     lambda tmp: ["--report", str(fake_convergence_run(tmp / "cv0", keys=("recipe",))),
+                  "--out", str(tmp / "cv")],
+     "--report: no dense runs of mnist1d_cnn1d in"),
     ("convergence --report at a missing directory", convergence.main,
      lambda tmp: ["--report", str(tmp / "missing"), "--out", str(tmp / "cv")],
      "results.json (a directory python -m benchmarks.convergence wrote with --out)"),

@@ -125,3 +125,53 @@ def test_a_sync_per_part_works_and_sync_stats_reads_each():
     sj.sync_stats(state)
   parts = sj.sync_stats(state, by_part=True)
   assert len(parts) == 2 and all(np.all(s.bytes_sent > 0) for s in parts.values())
+
+
+def _dp_setup():
+  mesh = harness.mesh(8)
+  tx = optax.chain(sj.spardl(density=0.5), optax.sgd(0.1))
+  params = {"w": jnp.zeros((4,))}
+  return mesh, tx, params, sj.init_opt_state(tx, params, mesh)
+
+
+def test_data_parallel_step_reduces_aux_by_kind():
+  """Per-example leaves come back in batch order, counts summed, float leaves averaged; a
+  batch given replicated is split over the data axis."""
+  mesh, tx, params, state = _dp_setup()
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(16, 4)), jnp.float32)
+
+  def loss_fn(p, x):
+    pred = x @ p["w"] + jnp.arange(x.shape[0]) + 10 * jax.lax.axis_index("data")
+    return jnp.mean((pred - 1) ** 2), {"n": jnp.sum(pred >= 0), "pred": pred,
+                                       "m": jnp.mean(pred)}
+
+  _, _, loss, aux = sj.data_parallel_step(loss_fn, tx, mesh, has_aux=True)(params, state, x)
+  expected = np.concatenate([np.arange(2) + 10 * d for d in range(8)])  # 2 rows a device
+  np.testing.assert_array_equal(aux["pred"], expected)
+  assert int(aux["n"]) == 16
+  np.testing.assert_allclose(float(aux["m"]), expected.mean(), rtol=1e-6)
+  np.testing.assert_allclose(float(loss), np.mean((expected - 1.0) ** 2), rtol=1e-6)
+
+
+@pytest.mark.parametrize("loss_fn, has_aux, match", [
+    (lambda p, x: (jnp.mean(x @ p["w"]), "hi"), True,
+     "aux is a str; aux leaves must be arrays or numbers"),
+    (lambda p, x: jnp.mean(x @ p["w"]), True, r"has_aux=True, so loss_fn must return "
+                                              r"\(loss, aux\), got one value"),
+    (lambda p, x: (x @ p["w"]) ** 2, False, r"must return a float scalar.*got float32\[2\]; "
+                                            r"take the mean over the examples"),
+    (lambda p, x: jnp.sum(x @ p["w"]).astype(jnp.int32), False, "float scalar.*got int32"),
+    (lambda p, x: (jnp.mean(x @ p["w"]), 1), False, "returned a tuple;.*pass has_aux=True"),
+])
+def test_data_parallel_step_names_loss_and_aux_mistakes(loss_fn, has_aux, match):
+  mesh, tx, params, state = _dp_setup()
+  step = sj.data_parallel_step(loss_fn, tx, mesh, has_aux=has_aux)
+  with pytest.raises(TypeError, match=match):
+    step(params, state, jnp.ones((16, 4)))
+
+
+def test_data_parallel_step_names_a_batch_the_devices_do_not_divide():
+  mesh, tx, params, state = _dp_setup()
+  step = sj.data_parallel_step(lambda p, x: jnp.mean(x @ p["w"]), tx, mesh)
+  with pytest.raises(ValueError, match=r"batch\[0\] has shape \(12, 4\).*multiple of 8"):
+    step(params, state, jnp.ones((12, 4)))

@@ -475,3 +475,19 @@ def test_adam_around_a_low_rank_sync_trains_v_as_the_recipe_does():
   frozen = parse_variant("powersgd:synced=momentum:warmup=1:second_moment=frozen",
                          density=0.01, teams=1, sag="auto", residuals="global")
   assert variant_tuning(cfg, frozen, steps_per_epoch=10).second_moment == "frozen"
+
+
+def test_density_auto_from_the_flag_and_a_spec(capsys):
+  """--density auto works as a spec's density=auto does (any case); a bad one is one line."""
+  from train.config import parse_variant
+  from train.main import _parse_args
+
+  assert _parse_args(["--density", "auto"]).density == "auto"
+  assert parse_variant("spardl:density=Auto", density=0.01, teams=1, sag="auto",
+                       residuals="global").options["density"] == "auto"
+  with pytest.raises(SystemExit):
+    _parse_args(["--density", "2"])
+  assert "must be in (0, 1] or 'auto', got 2" in capsys.readouterr().err
+  with pytest.raises(ValueError, match=r"density='x' is not a valid density \(a number in "
+                                       r"\(0, 1\], or 'auto'\)"):
+    parse_variant("spardl:density=x", density=0.01, teams=1, sag="auto", residuals="global")
