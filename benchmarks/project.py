@@ -89,16 +89,26 @@ def step_seconds(method, *, p: int, n: int, link: Link, compute_s: float, step_s
                                itemsize=itemsize)
 
 
-def project(*, n: int, density: float, compute_ms: dict, step_ms: float, links, ps) -> list:
-  """Rows ``{method, link, p, sync_s, step_s}`` for every method of ``compute_ms``."""
+def link(name: str, alpha_scale: float = 1.0) -> Link:
+  """The link ``name`` with its latency per round times ``alpha_scale`` (the sensitivity of
+  a projection to an alpha nobody measured)."""
+  found = LINKS[name]
+  return found._replace(alpha=found.alpha * alpha_scale)
+
+
+def project(*, n: int, density: float, compute_ms: dict, step_ms: float, links, ps,
+            alpha_scale: float = 1.0) -> list:
+  """Rows ``{method, link, p, compute_ms, compute_from, sync_s, step_s}`` for every method
+  of ``compute_ms`` (``{method: {P: ms}}``, :func:`compute_at`)."""
   rows = []
-  for name, ms in compute_ms.items():
+  for name in compute_ms:
     for link_name in links:
       for p in ps:
-        sync = sync_seconds(_method(name, density, p), p=p, n=n, link=LINKS[link_name],
-                            compute_s=ms / 1e3)
-        rows.append({"method": name, "link": link_name, "p": p, "sync_s": sync,
-                     "step_s": step_ms / 1e3 + sync})
+        ms, source = compute_at(compute_ms, name, p)
+        sync = sync_seconds(_method(name, density, p), p=p, n=n,
+                            link=link(link_name, alpha_scale), compute_s=ms / 1e3)
+        rows.append({"method": name, "link": link_name, "p": p, "compute_ms": ms,
+                     "compute_from": source, "sync_s": sync, "step_s": step_ms / 1e3 + sync})
   return rows
 
 
@@ -148,18 +158,63 @@ def per_step(tta: dict, seed: int) -> dict:
   return out
 
 
+def fastest_table(rows: list[dict], title: str) -> str:
+  """The Markdown table of the fastest method per iteration at each (link, P) of
+  :func:`project`'s rows (an estimated compute marked ~, another P's figure †)."""
+  links = list(dict.fromkeys(r["link"] for r in rows))
+  ps = sorted({r["p"] for r in rows})
+  lines = [f"Fastest per iteration, {title} (~: estimated compute; †: another P's figure):", "",
+           "| link | " + " | ".join(f"P = {p}" for p in ps) + " |",
+           "| --- |" + " --- |" * len(ps)]
+  for link_name in links:
+    cells = []
+    for p in ps:
+      best = min((r for r in rows if r["link"] == link_name and r["p"] == p),
+                 key=lambda r: r["step_s"])
+      mark = ("~" if best.get("estimated") else "") + (
+          "†" if "extrapolated" in best.get("compute_from", "") else "")
+      cells.append(f"{best['method']}{mark} {best['step_s'] * 1e3:.1f} ms")
+    lines.append(f"| {link_name} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
 def _compute(text: str) -> dict:
-  out = {}
+  """``--compute``: ``method=ms`` (at every P) or ``method=P:ms/P:ms`` (measured at each of
+  those P) pairs -> ``{method: {P: ms}}`` (P 0: every P)."""
+  out: dict = {}
   for part in text.split(","):
-    name, _, ms = part.partition("=")
+    name, _, value = part.partition("=")
+    at: dict = {}
     try:
-      out[name] = float(ms)
+      for item in value.split("/"):
+        p, sep, ms = item.rpartition(":")
+        at[int(p) if sep else 0] = float(ms)
     except ValueError:
-      raise argparse.ArgumentTypeError(f"{text!r}: give method=milliseconds pairs, e.g. "
-                                       f"spardl=2.2,dense=0.07 (bad part {part!r})") from None
-    if not math.isfinite(out[name]) or out[name] < 0:
+      raise argparse.ArgumentTypeError(
+          f"{text!r}: give method=milliseconds or method=P:ms/P:ms pairs, e.g. "
+          f"spardl=8:5.1/16:2.24,dense=0.07 (bad part {part!r})") from None
+    if any(not math.isfinite(ms) or ms < 0 for ms in at.values()) or any(p < 0 for p in at):
       raise argparse.ArgumentTypeError(f"{part!r}: the milliseconds must be >= 0")
+    out[name] = at
   return out
+
+
+def compute_at(table: dict, method: str, p: int) -> tuple[float, str]:
+  """``(ms, where it comes from)`` of ``method``'s sync compute at ``p`` in a ``--compute``
+  table (``{method: {P: ms}}``, JSON's string keys or a bare number from older runs too):
+  the figure measured at ``p``; else the one at the nearest measured P below it (or above,
+  when none is below), said to be extrapolated."""
+  at = table[method]
+  if not isinstance(at, dict):
+    return float(at), "one figure for every P"
+  at = {int(k): v for k, v in at.items()}
+  if p in at:
+    return at[p], f"measured at P = {p}"
+  if 0 in at:
+    return at[0], "one figure for every P"
+  below = [q for q in at if q < p]
+  q = max(below) if below else min(at)
+  return at[q], f"P = {q}'s figure (extrapolated)"
 
 
 def plot_against_p(series: dict, path: str, *, title: str, ylabel: str) -> None:
@@ -194,8 +249,17 @@ def main(argv=None) -> int:
   parser.add_argument("--density", type=float, default=0.01)
   parser.add_argument("--step-ms", type=float, default=0.0,
                       help="the model's forward and backward on one device, ms")
-  parser.add_argument("--compute", type=_compute, default={"dense": 0.0, "spardl": 0.0},
-                      help="method=ms of one sync's compute on one device")
+  parser.add_argument("--compute", type=_compute, default={"dense": {0: 0.0},
+                                                          "spardl": {0: 0.0}},
+                      help="method=ms of one sync's compute on one device, or "
+                           "method=P:ms/P:ms measured at those P (others take the nearest "
+                           "P below, marked extrapolated)")
+  parser.add_argument("--estimated", type=_compute, default={},
+                      help="the same for methods whose compute was not measured on the "
+                           "target but estimated (PowerSGD, gTopk); marked ~ in tables")
+  parser.add_argument("--alpha-scale", type=float, default=1.0,
+                      help="every link's latency per round times this (default 1): alpha "
+                           "is an assumption, not a measurement")
   parser.add_argument("--links", default="100mbit,10gbe,25gbe,ib100",
                       help=f"comma list of {', '.join(LINKS)}")
   parser.add_argument("--p", default="2,4,8,16,32,64,128,256,512,1024")
@@ -241,13 +305,16 @@ def main(argv=None) -> int:
   if min(ps) < 1:
     parser.error(f"--p must be >= 1, got {args.p!r}")
   try:
-    rows = project(n=args.n, density=args.density, compute_ms=args.compute,
-                   step_ms=args.step_ms, links=links, ps=ps)
+    rows = project(n=args.n, density=args.density,
+                   compute_ms={**args.compute, **args.estimated}, step_ms=args.step_ms,
+                   links=links, ps=ps, alpha_scale=args.alpha_scale)
+    for row in rows:
+      row["estimated"] = row["method"] in args.estimated
   except (ValueError, TypeError) as error:
     parser.error(str(error))
   for link in links:
     print(f"\n{link}: ms per iteration")
-    names = list(args.compute)
+    names = list({**args.compute, **args.estimated})
     print("| P | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 1))
     for p in ps:
       cells = [f"{r['step_s'] * 1e3:.1f}" for name in names for r in rows
@@ -257,9 +324,11 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "projection.json"), "w") as f:
       json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+    with open(os.path.join(args.out, "fastest.md"), "w") as f:
+      f.write(fastest_table(rows, args.title or f"n = {args.n:,}"))
     series = {link: {name: [(r["p"], r["step_s"] * 1e3) for r in rows
                             if r["link"] == link and r["method"] == name]
-                     for name in args.compute} for link in links}
+                     for name in {**args.compute, **args.estimated}} for link in links}
     plot_against_p(series, os.path.join(args.out, "projection.png"),
                    title=args.title or f"n = {args.n:,}", ylabel="ms per iteration")
   return 0

@@ -117,19 +117,27 @@ def _bound(method_name: str, options: dict, shapes, p: int):
   return method.for_leaves(shapes) if method.leafwise else method
 
 
-def time_rows(steps: list[dict], projection: dict, shapes) -> list[dict]:
-  """Each steps row on each of the projection's links: seconds to the target."""
+def time_rows(steps: list[dict], projection: dict, shapes,
+              alpha_scale: float = 1.0) -> list[dict]:
+  """Each steps row on each of the projection's links (latency per round times
+  ``alpha_scale``): seconds to the target, the sync compute used and where it comes from
+  (measured at that P, another P's figure, an estimate, or none: a lower bound)."""
   args = projection["args"]
+  estimated = args.get("estimated") or {}
   n = sum(int(np.prod(s)) for s in shapes)
   out = []
   for row in steps:
     method = _bound(row["method"], row["options"], shapes, row["p"])
-    measured = row["method"] in args["compute"]
+    table = args["compute"] if row["method"] in args["compute"] else estimated
+    ms, source = (project.compute_at(table, row["method"], row["p"])
+                  if row["method"] in table else (0.0, "none"))
     for link in args["links"].split(","):
-      step_s = project.step_seconds(method, p=row["p"], n=n, link=project.LINKS[link],
-                                    compute_s=args["compute"].get(row["method"], 0.0) / 1e3,
-                                    step_s=args["step_ms"] / 1e3)
-      out.append({**row, "link": link, "step_s": step_s, "lower_bound": not measured,
+      step_s = project.step_seconds(method, p=row["p"], n=n,
+                                    link=project.link(link, alpha_scale),
+                                    compute_s=ms / 1e3, step_s=args["step_ms"] / 1e3)
+      out.append({**row, "link": link, "step_s": step_s, "compute_ms": ms,
+                  "compute_from": source, "lower_bound": source == "none",
+                  "estimated": row["method"] in estimated,
                   "seconds": None if row["mean_steps"] is None else row["mean_steps"] * step_s})
   return out
 
@@ -154,7 +162,10 @@ def first_rows(times: list[dict]) -> list[dict]:
           old["seconds"] is None or r["seconds"] < old["seconds"])):
         best[r["method"]] = r
     row = {"link": link, "p": p,
-           "lower_bound": sorted({r["method"] for r in here if r["lower_bound"]})}
+           "lower_bound": sorted({r["method"] for r in here if r["lower_bound"]}),
+           "estimated": sorted({r["method"] for r in here if r["estimated"]}),
+           "extrapolated": sorted({r["method"] for r in here
+                                   if "extrapolated" in r["compute_from"]})}
     for kind, chosen in (("fixed", fixed), ("best", best)):
       row[kind] = {m: (r["seconds"], r["options"].get("density")) for m, r in chosen.items()}
       reached = {m: r for m, r in chosen.items() if r["seconds"] is not None}
@@ -193,10 +204,8 @@ def _model_shapes(name: str):
   return [tuple(leaf.shape) for leaf in jax.tree.leaves(params)]
 
 
-def _fmt(seconds, lower_bound: bool) -> str:
-  if seconds is None:
-    return "never"
-  return f"{'≥' if lower_bound else ''}{seconds:.2f}"
+def _fmt(seconds, mark: str = "") -> str:
+  return "never" if seconds is None else f"{mark}{seconds:.2f}"
 
 
 def _density(density) -> str:
@@ -215,9 +224,15 @@ def report(steps: list[dict], times: list[dict], firsts: list[dict], *, fraction
     final = ", ".join(f"{f:.3f}" for f in r["final"])
     lines.append(f"| {r['p']} | {r['label']} | {mean} ({per_seed}) | {final} |")
   lower = sorted({m for f in firsts for m in f["lower_bound"]})
-  note = (f"≥: {', '.join(lower)} projected without a measured sync compute (a lower bound); "
-          "\"first\" is among the methods with one, and names each lower bound that beats it "
-          "with the compute per sync it would have to stay under." if lower else "")
+  guessed = sorted({m for f in firsts for m in f["estimated"]})
+  note = " ".join(filter(None, [
+      f"≥: {', '.join(lower)} projected without a sync compute (a lower bound); \"first\" is "
+      "among the methods with one, and names each lower bound that beats it with the compute "
+      "per sync it would have to stay under." if lower else "",
+      f"~: {', '.join(guessed)} with an estimated sync compute, not measured on the target "
+      "(\"first\" says so where one wins)." if guessed else "",
+      "†: the method's compute at that P is another P's figure (extrapolated)."
+      if any(f["extrapolated"] for f in firsts) else ""]))
   for kind, heading in (("fixed", "each sparse method at 1 %"),
                         ("best", "each sparse method at its best density")):
     names = list(dict.fromkeys(m for f in firsts for m in f[kind]))
@@ -231,16 +246,39 @@ def report(steps: list[dict], times: list[dict], firsts: list[dict], *, fraction
           cells.append("")  # not run at this P
           continue
         seconds, density = f[kind][m]
-        cell = _fmt(seconds, m in f["lower_bound"])
+        cell = _fmt(seconds, "≥" if m in f["lower_bound"] else "~" if m in f["estimated"]
+                    else "") + ("†" if m in f["extrapolated"] and seconds is not None else "")
         shown = kind == "best" and density is not None and seconds is not None
         cells.append(cell + (f" @{_density(density)}" if shown else ""))
       contenders = "".join(f"; {m} if its sync computes < {ms:.2f} ms"
                            for m, ms in f[f"contenders_{kind}"].items())
+      first = f["first_" + kind]
       lines.append(f"| {f['link']} | {f['p']} | " + " | ".join(cells) +
-                   f" | {f['first_' + kind]}{contenders} |")
+                   f" | {first}{' (estimated compute)' if first in f['estimated'] else ''}"
+                   f"{contenders} |")
     since = crossover(firsts, kind)
-    lines += ["", "SparDL first (among measured computes) at every measured P from: " + ", ".join(
+    lines += ["", "SparDL first (among the methods with a compute) at every measured P from: " + ", ".join(
         f"{link} {'P = ' + str(p) if p else 'none'}" for link, p in since.items()) + "."]
+  return "\n".join(lines) + "\n"
+
+
+def alpha_table(firsts: list[dict], sensitivity: dict) -> str:
+  """The first at each method's best density with alpha as assumed and scaled, per (link,
+  P); the cells whose first changes are in bold."""
+  scales = sorted({*sensitivity, 1.0})
+  lines = ["", "## Sensitivity to alpha (the latency per round, assumed)", "",
+           "First at each method's best density with every link's alpha scaled; a first that "
+           "differs from alpha's own (× 1) is in bold.", "",
+           "| link | P | " + " | ".join(f"alpha × {k:g}" for k in scales) + " |",
+           "| --- | --- | " + "--- | " * len(scales)]
+  for i, f in enumerate(firsts):
+    own = f["first_best"]
+    cells = [own if k == 1.0 else sensitivity[k][i]["first_best"] for k in scales]
+    lines.append(f"| {f['link']} | {f['p']} | "
+                 + " | ".join(f"**{c}**" if c != own else str(c) for c in cells) + " |")
+  changed = sum(sensitivity[k][i]["first_best"] != f["first_best"]
+                for k in sensitivity for i, f in enumerate(firsts))
+  lines += ["", f"{changed} of {len(firsts) * len(sensitivity)} scaled cells change first."]
   return "\n".join(lines) + "\n"
 
 
@@ -268,6 +306,10 @@ def main(argv=None) -> int:
   parser.add_argument("--target", type=fraction, default=0.98,
                       help="fraction of dense's final test metric (default 0.98)")
   parser.add_argument("--title", default="")
+  parser.add_argument("--alpha-scales", type=lambda text: [float(v) for v in text.split(",")],
+                      default=[], help="also project with every link's latency per round "
+                      "times each of these (e.g. 0.1,10) and list the cells whose first "
+                      "changes: alpha is an assumption, not a measurement")
   parser.add_argument("--out", help="folder for results.json, results.md and tta.png")
   args = parser.parse_args(argv)
   if args.projection is None:
@@ -294,6 +336,10 @@ def main(argv=None) -> int:
   firsts = first_rows(times)
   title = args.title or projection["args"].get("title") or args.model
   text = report(steps, times, firsts, fraction=args.target, title=title)
+  sensitivity = {scale: first_rows(time_rows(steps, projection, shapes, alpha_scale=scale))
+                 for scale in args.alpha_scales}
+  if sensitivity:
+    text += alpha_table(firsts, sensitivity)
   print(text)
   if args.out:
     os.makedirs(args.out, exist_ok=True)
@@ -301,6 +347,7 @@ def main(argv=None) -> int:
       f.write(text)
     with open(os.path.join(args.out, "results.json"), "w") as f:
       json.dump({"args": vars(args), "steps": steps, "times": times, "first": firsts,
+                 "first_at_alpha": {str(k): v for k, v in sensitivity.items()},
                  "crossover": {kind: crossover(firsts, kind) for kind in ("fixed", "best")}},
                 f, indent=2)
     _plot(firsts, os.path.join(args.out, "tta.png"), title=title)
