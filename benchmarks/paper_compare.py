@@ -42,7 +42,10 @@ CASES = [
 
 def speedup(baseline: str, *, p: int, n: int, link: str, with_compute: bool) -> float:
   def seconds(name: str) -> float:
-    compute = (_vgg16()["compute"][name] / 1e3 * n / _vgg16()["n"]) if with_compute else 0.0
+    # Each method's compute at the case's P (the nearest measured P's figure below it),
+    # scaled from VGG-16's n.
+    compute = (project.compute_at(_vgg16()["compute"], name, p)[0] / 1e3 * n / _vgg16()["n"]
+               if with_compute else 0.0)
     return project.sync_seconds(sj.methods.make(name, density=DENSITY), p=p, n=n,
                                 link=project.LINKS[link], compute_s=compute)
   return seconds(baseline) / seconds("spardl")

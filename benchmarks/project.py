@@ -191,7 +191,7 @@ def _compute(text: str) -> dict:
         at[int(p) if sep else 0] = float(ms)
     except ValueError:
       raise argparse.ArgumentTypeError(
-          f"{text!r}: give method=milliseconds or method=P:ms/P:ms pairs, e.g. "
+          f"{text!r}: give method=milliseconds pairs (or method=P:ms/P:ms), e.g. "
           f"spardl=8:5.1/16:2.24,dense=0.07 (bad part {part!r})") from None
     if any(not math.isfinite(ms) or ms < 0 for ms in at.values()) or any(p < 0 for p in at):
       raise argparse.ArgumentTypeError(f"{part!r}: the milliseconds must be >= 0")
