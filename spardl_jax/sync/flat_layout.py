@@ -144,11 +144,8 @@ class FlatLayout(NamedTuple):
       start += group.chunk
       if group.axes:
         vec = _gather(vec, group.axes, group.size)
-      offset = 0
-      for i in group.leaves:
-        x = floats[i]
-        out[i] = vec[offset:offset + x.size].reshape(x.shape).astype(x.dtype)
-        offset += x.size
+      for i, leaf in zip(group.leaves, flat_vector.split(vec, [floats[i] for i in group.leaves])):
+        out[i] = leaf
     return out
 
 
