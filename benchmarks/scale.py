@@ -346,7 +346,8 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "results.md"), "w") as f:
       f.write(text)
     with open(os.path.join(args.out, "results.json"), "w") as f:
-      json.dump({"args": vars(args), "steps": steps, "times": times, "first": firsts,
+      json.dump({"args": vars(args), "title": title, "steps": steps, "times": times,
+                 "first": firsts,
                  "first_at_alpha": {str(k): v for k, v in sensitivity.items()},
                  "crossover": {kind: crossover(firsts, kind) for kind in ("fixed", "best")}},
                 f, indent=2)

@@ -1,0 +1,71 @@
+"""The published pages against their raw outputs: every table the scale page copies from a
+report is that report's, and every report re-renders from the raw file beside it (the
+projection's rows, the time-to-accuracy runs' steps and times, the paper comparison's
+formulas). A page typed by hand, or a report edited after it was written, fails here."""
+
+import contextlib
+import glob
+import io
+import json
+import os
+import re
+
+import pytest
+
+from benchmarks import paper_compare, project, scale
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+TTA = sorted(glob.glob(os.path.join(RESULTS, "scale", "tta", "*", "results.json")))
+PROJECTIONS = sorted(glob.glob(os.path.join(RESULTS, "scale", "*", "projection.json")))
+
+
+def _read(path):
+  with open(path) as f:
+    return f.read()
+
+
+@pytest.mark.parametrize("path", TTA, ids=lambda p: p.split(os.sep)[-2])
+def test_a_time_to_accuracy_report_re_renders_from_its_raw_file(path):
+  raw = json.loads(_read(path))
+  text = scale.report(raw["steps"], raw["times"], raw["first"], fraction=raw["args"]["target"],
+                      title=raw["title"])
+  sensitivity = {float(k): v for k, v in raw.get("first_at_alpha", {}).items()}
+  if sensitivity:
+    text += scale.alpha_table(raw["first"], sensitivity)
+  assert text == _read(os.path.join(os.path.dirname(path), "results.md"))
+
+
+@pytest.mark.parametrize("path", PROJECTIONS, ids=lambda p: p.split(os.sep)[-2])
+def test_a_projection_table_re_renders_from_its_rows(path):
+  raw = json.loads(_read(path))
+  title = raw["args"]["title"] or f"n = {raw['args']['n']:,}"
+  assert project.fastest_table(raw["rows"], title) == _read(
+      os.path.join(os.path.dirname(path), "fastest.md"))
+
+
+def test_the_paper_comparison_re_renders():
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    paper_compare.main([])
+  assert out.getvalue() == _read(os.path.join(RESULTS, "scale", "paper_compare.md"))
+
+
+def _tables(text):
+  """Every Markdown table of ``text``: runs of lines that start with ``|``."""
+  return [block.strip() for block in re.findall(r"(?:^\|.*\n)+", text, re.M)]
+
+
+def test_every_table_the_scale_page_copies_is_its_reports():
+  """A table of scale.md whose header is a report's header is one of that report's tables,
+  line for line."""
+  rendered = [t for path in (glob.glob(os.path.join(RESULTS, "scale", "tta", "*", "results.md"))
+                             + glob.glob(os.path.join(RESULTS, "scale", "*", "fastest.md"))
+                             + [os.path.join(RESULTS, "scale", "paper_compare.md")])
+              for t in _tables(_read(path))]
+  headers = {t.splitlines()[0] for t in rendered}
+  copied = [t for t in _tables(_read(os.path.join(RESULTS, "scale.md")))
+            if t.splitlines()[0] in headers]
+  assert len(copied) >= 7  # the projection, time to accuracy and paper sections
+  for table in copied:
+    assert table in rendered, table.splitlines()[:3]
