@@ -37,7 +37,14 @@ from spardl_jax.sync.placement import fold_rules
 from spardl_jax.sync.specs import use_param_specs
 from spardl_jax.sync.state import SyncState, SyncStats, sync_stats
 from spardl_jax.sync.transform import powersgd, spardl, sync_gradients
-from spardl_jax.tools import traffic
+
+
+def __getattr__(name: str):
+  # The HLO reader is a tool: loaded when first asked for (sj.traffic), not with the library.
+  if name == "traffic":
+    import importlib
+    return importlib.import_module("spardl_jax.tools.traffic")
+  raise AttributeError(f"module 'spardl_jax' has no attribute {name!r}")
 
 __all__ = (
     "AllReduce",

@@ -67,10 +67,9 @@ def _layout(like: jax.Array) -> tuple[int, int, int]:
   rows are data-major, one block per device of the data axis times the mesh's other axes
   (:mod:`spardl_jax.sync.placement`)."""
   sharding = like.sharding
-  spec = getattr(sharding, "spec", None)
-  if not spec or spec[0] is None:
+  if not isinstance(sharding, jax.sharding.NamedSharding) or not _per_device(like):
     return 1, 1, like.shape[0]
-  axes = axes_of(spec[0])
+  axes = axes_of(sharding.spec[0])
   shape = dict(sharding.mesh.shape)
   data, columns = shape[axes[0]], math.prod(shape[a] for a in axes[1:])
   return data, columns, like.shape[0] // (data * columns)
@@ -78,7 +77,7 @@ def _layout(like: jax.Array) -> tuple[int, int, int]:
 
 def _per_device(like) -> bool:
   spec = getattr(like.sharding, "spec", None)
-  return bool(spec) and spec[0] is not None
+  return spec is not None and len(spec) > 0 and spec[0] is not None
 
 
 def _saved_columns(sharding) -> int | None:

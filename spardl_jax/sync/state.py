@@ -121,9 +121,9 @@ def sync_stats(opt_state, *, by_part: bool = False):
   Raises:
     ValueError: if the state holds no :class:`SyncState`, or several without ``by_part``.
   """
-  found = jax.tree_util.tree_flatten_with_path(
+  flat = jax.tree_util.tree_flatten_with_path(
       opt_state, is_leaf=lambda x: isinstance(x, SyncState))[0]
-  found = [(jax.tree_util.keystr(path), node) for path, node in found
+  found = [(jax.tree_util.keystr(path), node) for path, node in flat
            if isinstance(node, SyncState)]
 
   def plain(state):
