@@ -67,7 +67,7 @@ def test_a_nonfinite_dense_leaf_skips_the_whole_step():
 
 
 def test_stats_bytes_are_the_compiled_traffic():
-  p = 8
+  p = 4
   params = {"w": jnp.zeros((4000,)), "b": jnp.zeros((64,)), "g": jnp.zeros((36,))}
   tx = sj.spardl(density=0.01, dense_leaves=100, wire="exact")
   state = sj.init_opt_state(tx, params, harness.mesh(p))
@@ -93,7 +93,7 @@ def test_with_synced_adamw_and_sgd():
     state = sj.init_opt_state(tx, PARAMS, harness.mesh(p))
     f = harness.update_fn(tx, p, PARAMS)
     rng = np.random.default_rng(3)
-    for _ in range(3):
+    for _ in range(2):  # the second step is sparse
       updates, state = f(harness.put_rows(p, grads_of(rng, p)), state)
     assert all(np.all(np.asarray(updates[k]) != 0) for k in ("b", "scale"))
 
