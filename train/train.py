@@ -192,9 +192,12 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   else:
     raise ValueError(f"--optimizer must be 'sgd' or 'adamw', got {cfg.optimizer!r}.")
   # Dense training clips the mean gradient (after the sync), as nanoGPT does; where the
-  # optimizer is around the sync or inside an outer loop, each device clips its own.
-  clip = (optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip is not None
-          else optax.identity())
+  # optimizer is around the sync or inside an outer loop, each device clips its own. No
+  # clipping leaves the optimizer's structure (and its checkpoints) as it was.
+  def clipped(*txs):
+    if cfg.grad_clip is None:
+      return txs[0] if len(txs) == 1 else optax.chain(*txs)
+    return optax.chain(*txs[:-1], optax.clip_by_global_norm(cfg.grad_clip), txs[-1])
   options = dict(variant.options)
   warmup = tuning.warmup or 0
   if tuning.ramp:
@@ -206,7 +209,7 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     sync_options["dense_leaves"] = (tuning.dense_leaves if tuning.dense_leaves == "vectors"
                                     else int(tuning.dense_leaves))
   if tuning.synced:
-    return optax.chain(clip, sj.synced_adamw(
+    return clipped(sj.synced_adamw(
         lr, warmup_steps=warmup, method=variant.method, b1=momentum, b2=cfg.adam_b2,
         weight_decay=cfg.weight_decay, mask=decay_mask, sends=tuning.synced,
         second_moment=tuning.second_moment or "frozen", **sync_options))
@@ -215,8 +218,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   if tuning.outer:
     outer = optax.sgd(tuning.outer_lr, momentum=tuning.outer_momentum or None,
                       nesterov=bool(tuning.outer_momentum))
-    return sj.diloco(optax.chain(clip, opt), sync, every=tuning.outer, outer=outer)
-  return optax.chain(sync, clip, opt)
+    return sj.diloco(clipped(opt), sync, every=tuning.outer, outer=outer)
+  return clipped(sync, opt)
 
 
 def learning_rate(cfg: TrainConfig, peak: float,
