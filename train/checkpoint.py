@@ -247,19 +247,35 @@ def _drop_late_tensorstore_callbacks() -> None:
   """After a failed read or write, TensorStore finishes the checkpoint's other operations
   once Orbax has closed the event loop they report to, and each prints ``RuntimeError:
   Event loop is closed`` through ``sys.unraisablehook`` (10 tracebacks for one truncated
-  checkpoint). This drops exactly those, from the first restore or failed save on, and
-  passes everything else to the hook before."""
+  checkpoint), or through a thread's hook when it arrives late. This drops exactly those,
+  from the first restore or failed save on, and passes everything else to the hooks
+  before."""
   previous = sys.unraisablehook
   if getattr(previous, "drops_late_tensorstore_callbacks", False):
     return
 
+  def late(error) -> bool:
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
   def hook(unraisable):
-    error = unraisable.exc_value
-    if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+    if not late(unraisable.exc_value):
       previous(unraisable)
 
-  hook.drops_late_tensorstore_callbacks = True
-  sys.unraisablehook = hook
+  # The same error raised in one of TensorStore's threads (a callback that arrives after the
+  # loop closed, seen under load) reaches the thread hook, or the interpreter's, instead.
+  previous_thread, previous_except = threading.excepthook, sys.excepthook
+
+  def thread_hook(args):
+    if not late(args.exc_value):
+      previous_thread(args)
+
+  def except_hook(kind, error, trace):
+    if not late(error):
+      previous_except(kind, error, trace)
+
+  for new in (hook, thread_hook, except_hook):
+    new.drops_late_tensorstore_callbacks = True  # type: ignore[attr-defined]
+  sys.unraisablehook, threading.excepthook, sys.excepthook = hook, thread_hook, except_hook
 
 
 def _set_aside(mgr: ocp.CheckpointManager, step: int) -> str:
