@@ -178,6 +178,11 @@ def _dense_mask(options: SyncOptions, floats) -> list[bool]:
   return mask
 
 
+def _method_leaves(items: list, dense: list[bool]) -> list:
+  """The entries of ``items`` (one per float leaf) the method syncs: those not kept dense."""
+  return [item for item, d in zip(items, dense) if not d]
+
+
 def _devices(options: SyncOptions) -> tuple[int, int]:
   """``(lead, p)``: the leading device axis of the state ``init`` creates here, and the
   number of devices on the data axis."""
@@ -220,8 +225,8 @@ def flat_layout(options: SyncOptions, tree, floats, specs, given, dense) -> Flat
       specs = leaf_specs(tree, given)
     float_specs = [spec for x, spec in zip(jax.tree.leaves(tree), specs)
                    if jnp.issubdtype(x.dtype, jnp.floating)]
-    float_specs = [spec for spec, d in zip(float_specs, dense) if not d]
-  layout = FlatLayout.build([x.shape for x, d in zip(floats, dense) if not d], float_specs,
+    float_specs = _method_leaves(float_specs, dense)
+  layout = FlatLayout.build([x.shape for x in _method_leaves(floats, dense)], float_specs,
                             others, options.local_axis)
   _check_leafwise(options, layout, tuple(others))
   return layout
@@ -261,8 +266,7 @@ def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncStat
   lead, p = _devices(options)
   dense = _dense_mask(options, floats)
   n = flat_layout(options, params, floats, specs, given, dense).n
-  bound = levels.bind(list(options.levels), [x.shape for x, d in zip(floats, dense) if not d],
-                      p)
+  bound = levels.bind(list(options.levels), [x.shape for x in _method_leaves(floats, dense)], p)
 
   def rows(a):
     a = jnp.asarray(a)
@@ -423,7 +427,7 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None):
   leaves, treedef = jax.tree.flatten(updates)
   floats, dtype = _float_leaves(updates)
   dense = _dense_mask(options, floats)
-  sparse = [x for x, d in zip(floats, dense) if not d]
+  sparse = _method_leaves(floats, dense)
   layout = flat_layout(options, updates, floats, specs, given, dense)
   trace = Trace(_shapes(floats), layout, dtype,
                 tuple(levels.bind(list(options.levels), [x.shape for x in sparse], p)), p)
