@@ -28,7 +28,7 @@ import optax
 from spardl_jax.core.config import check_number
 from spardl_jax.sync.methods import is_sparse, names
 from spardl_jax.sync.state import check_sync_alone
-from spardl_jax.sync.transform import dense_warmup, sync_gradients
+from spardl_jax.sync.transform import built_with, dense_warmup, sync_gradients
 
 __all__ = ['ScaleByFrozenAdamState', 'scale_by_frozen_adam', 'ScaleBySyncedAdamState',
            'scale_by_synced_adam', 'Sends', 'SecondMoment', 'synced_adamw']
@@ -198,6 +198,11 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
   The update is Adam's ``m_hat / D``. A step the sync skips (a non-finite gradient,
   ``nonfinite='skip'``) returns zeros and changes neither moment.
 
+  With a delayed sync (``delay=1``, ``sends="momentum"``) each device's momentum message
+  ``b1 m + (1 - b1) g_i`` is formed with this step's result ``m`` and sent by the next step,
+  so the update at step ``t`` is Adam's with the momentum through step ``t - 1``'s gradient;
+  the first step applies nothing and counts nothing.
+
   Example:
 
     >>> import jax, jax.numpy as jnp, optax, spardl_jax as sj
@@ -234,22 +239,7 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     feedback after a warm-up that freezes the variance).
   """
   freeze_step, b1, b2, eps = _check("scale_by_synced_adam", freeze_step, b1, b2, eps)
-  if sends not in SENDS:
-    raise ValueError(f"scale_by_synced_adam: sends must be one of {SENDS}, got {sends!r}.")
-  if second_moment not in SECOND_MOMENTS:
-    raise ValueError(f"scale_by_synced_adam: second_moment must be one of {SECOND_MOMENTS}, "
-                     f"got {second_moment!r}.")
-  if not isinstance(sync, optax.GradientTransformation):
-    raise TypeError(f"scale_by_synced_adam: sync must be an optax.GradientTransformation "
-                    f"(spardl_jax.spardl, spardl_jax.sync_gradients), got "
-                    f"{type(sync).__name__}.")
-  warmup = dense_warmup(sync)
-  if warmup is not None and warmup < freeze_step:
-    raise ValueError(
-        f"scale_by_synced_adam: freeze_step={freeze_step}, but the sync's dense warm-up is "
-        f"{warmup} steps: v trains on the mean gradient only while the sync is dense; build "
-        f"the sync with warmup_steps={freeze_step} (or more)"
-        + (f", or lower freeze_step to {warmup}." if warmup else "."))
+  delayed = _check_sync(sync, freeze_step, sends, second_moment)
   sync = optax.with_extra_args_support(sync)
 
   def init_fn(params):
@@ -267,20 +257,9 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
                       f"init, got {type(state).__name__}.")
     count = state.count + 1
     warm = count <= freeze_step
-    if sends == "momentum":
-      local = jax.tree.map(lambda m, g: (b1 * m + (1 - b1) * g).astype(m.dtype), state.mu,
-                           updates)
-      synced, sync_state = sync.update(local, state.sync, params, **extra_args)
-      mean = jax.tree.map(lambda new, old: (new - b1 * old) / (1 - b1), synced, state.mu)
-      new_mu = synced
-    else:
-      # D = 1 in the warm-up (the sync is dense: its result is the mean gradient itself).
-      scale = _preconditioner(state.nu, state.nu_count, b2, eps, identity=warm)
-      synced, sync_state = sync.update(
-          jax.tree.map(lambda g, d: (g / d).astype(g.dtype), updates, scale), state.sync,
-          params, **extra_args)
-      mean = jax.tree.map(lambda u, d: u * d, synced, scale)
-      new_mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, mean)
+    synced, sync_state, mean, new_mu = _through_sync(
+        sync, updates, state, params, extra_args, delayed=delayed, sends=sends, warm=warm,
+        b1=b1, b2=b2, eps=eps)
     # Every device holds the same count of skipped syncs: all decide alike.
     skipped = jnp.any(sync_state.stats.nonfinite != state.sync.stats.nonfinite)
     sent = jax.tree.map(
@@ -296,9 +275,69 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     mu = jax.tree.map(lambda new, old: jnp.where(skipped, old, new), new_mu, state.mu)
     out = jax.tree.map(lambda u: jnp.where(skipped, jnp.zeros_like(u), u),
                        _scaled(mu, nu, count, nu_count, b1, b2, eps))
-    return out, ScaleBySyncedAdamState(count, mu, nu, nu_count, sync_state, sent_at)
+    new = ScaleBySyncedAdamState(count, mu, nu, nu_count, sync_state, sent_at)
+    if delayed:  # a delayed sync's first step delivers nothing: no Adam step either
+      idle = jnp.all(sync_state.count == state.sync.count)
+      out = jax.tree.map(lambda u: jnp.where(idle, jnp.zeros_like(u), u), out)
+      new = jax.tree.map(lambda a, b: jnp.where(idle, b, a), new._replace(sync=state.sync),
+                         state)._replace(sync=sync_state)
+    return out, new
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _check_sync(sync, freeze_step: int, sends, second_moment) -> int:
+  """:func:`scale_by_synced_adam`'s checks of its sync and modes; returns the sync's delay."""
+  if sends not in SENDS:
+    raise ValueError(f"scale_by_synced_adam: sends must be one of {SENDS}, got {sends!r}.")
+  if second_moment not in SECOND_MOMENTS:
+    raise ValueError(f"scale_by_synced_adam: second_moment must be one of {SECOND_MOMENTS}, "
+                     f"got {second_moment!r}.")
+  if not isinstance(sync, optax.GradientTransformation):
+    raise TypeError(f"scale_by_synced_adam: sync must be an optax.GradientTransformation "
+                    f"(spardl_jax.spardl, spardl_jax.sync_gradients), got "
+                    f"{type(sync).__name__}.")
+  warmup = dense_warmup(sync)
+  if warmup is not None and warmup < freeze_step:
+    raise ValueError(
+        f"scale_by_synced_adam: freeze_step={freeze_step}, but the sync's dense warm-up is "
+        f"{warmup} steps: v trains on the mean gradient only while the sync is dense; build "
+        f"the sync with warmup_steps={freeze_step} (or more)"
+        + (f", or lower freeze_step to {warmup}." if warmup else "."))
+  options = built_with(sync)
+  delayed = 0 if options is None else options.delay
+  if delayed and sends != "momentum":
+    raise ValueError(f"scale_by_synced_adam: sends={sends!r} with a delayed sync (delay="
+                     f"{delayed}): the preconditioner a message is divided by changes "
+                     f"before the next step sends it; use sends='momentum' with a delayed "
+                     f"sync.")
+  return delayed
+
+
+def _through_sync(sync, updates, state, params, extra_args, *, delayed: int, sends, warm,
+                  b1, b2, eps):
+  """The sync's part of a :func:`scale_by_synced_adam` step: ``(what it delivered, its new
+  state, the mean gradient, the new first moment)``."""
+  if delayed or sends == "momentum":
+    if delayed:
+      # The message held for the next step is this step's momentum m_i = b1 m + (1 - b1) g_i
+      # with m this step's result, so that one momentum runs through the delayed syncs.
+      synced, sync_state = sync.update(updates, state.sync, params, **extra_args,
+                                       next_message=lambda m, g: b1 * m + (1 - b1) * g)
+    else:
+      local = jax.tree.map(lambda m, g: (b1 * m + (1 - b1) * g).astype(m.dtype), state.mu,
+                           updates)
+      synced, sync_state = sync.update(local, state.sync, params, **extra_args)
+    mean = jax.tree.map(lambda new, old: (new - b1 * old) / (1 - b1), synced, state.mu)
+    return synced, sync_state, mean, synced
+  # D = 1 in the warm-up (the sync is dense: its result is the mean gradient itself).
+  scale = _preconditioner(state.nu, state.nu_count, b2, eps, identity=warm)
+  synced, sync_state = sync.update(
+      jax.tree.map(lambda g, d: (g / d).astype(g.dtype), updates, scale), state.sync,
+      params, **extra_args)
+  mean = jax.tree.map(lambda u, d: u * d, synced, scale)
+  return synced, sync_state, mean, jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g,
+                                                state.mu, mean)
 
 
 def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,

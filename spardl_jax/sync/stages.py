@@ -44,10 +44,11 @@ from spardl_jax.sync.flat_layout import FlatLayout, columns, free_axes
 from spardl_jax.sync.placement import device_spec
 from spardl_jax.sync.specs import (check_leaf_specs, check_same_specs, check_spec_tree,
                                    context_specs, leaf_specs, restrict, specs_shown)
-from spardl_jax.sync.state import LeafShapes, SyncState, SyncStats
+from spardl_jax.sync.state import LeafShapes, Pending, SyncState, SyncStats
 
 __all__ = ['SyncOptions', 'init', 'update', 'init_local', 'update_local', 'check_state',
-           'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats']
+           'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats', 'unpack',
+           'hold']
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -67,10 +68,14 @@ class SyncOptions:
   local_axis: str | None = None
   residual_decay: float | None = None
   dense_leaves: Any = None
+  delay: int = 0
 
   def __post_init__(self):
     who = "sync_gradients"
     nonfinite_policy.check_policy(who, self.nonfinite)
+    if isinstance(self.delay, bool) or self.delay not in (0, 1):
+      raise ValueError(f"sync_gradients: delay must be 0 (each step's own gradient) or 1 "
+                       f"(each step sends the last step's gradient), got {self.delay!r}.")
     check_dense_leaves(self.dense_leaves)
     if self.dense_leaves is not None and self.momentum is not None:
       raise ValueError(f"{who}: dense_leaves={self.dense_leaves!r} with momentum="
@@ -274,13 +279,18 @@ def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncStat
 
   velocity = None if options.momentum is None else jnp.zeros((lead, n), dtype)
   fresh = fresh_state(options, bound, n, dtype, p)
+  pending = None
+  if options.delay:
+    size = n + sum(math.prod(x.shape) for x, d in zip(floats, dense) if d)
+    pending = Pending(jnp.zeros((lead, size), dtype), jnp.zeros((lead,), bool))
   if options.residual_decay is not None and protocol.residual(fresh) is None:
     raise ValueError(f"sync_gradients: residual_decay={options.residual_decay} decays the "
                      f"error feedback, but {options.method!r} keeps none; use a method with "
                      f"a residual (spardl, topka, sparseloco, powersgd, ...) or drop "
                      f"residual_decay.")
   return SyncState(jax.tree.map(rows, fresh), velocity,
-                   jnp.zeros((lead,), jnp.int32), SyncStats.zeros(lead), _shapes(floats))
+                   jnp.zeros((lead,), jnp.int32), SyncStats.zeros(lead), _shapes(floats),
+                   pending)
 
 
 def check_state(options: SyncOptions, state, trace: Trace):
@@ -299,6 +309,9 @@ def check_state(options: SyncOptions, state, trace: Trace):
   if (state.velocity is None) != (options.momentum is None):
     raise ValueError("sync_gradients: the state was initialized with another momentum "
                      "setting; init with this transformation.")
+  if (state.pending is None) != (options.delay == 0):
+    raise ValueError(f"sync_gradients: the state was initialized with another delay (this "
+                     f"sync has delay={options.delay}); init with this transformation.")
   if state.leaves != trace.leaves:
     raise ValueError(f"sync_gradients: the gradients' float leaves have the shapes "
                      f"{trace.leaves.shapes}, but the state was built for "
@@ -421,8 +434,11 @@ def next_stats(trace: Trace, y, new_local, bytes_sent, h, bad, index, old: SyncS
       density=density[None])
 
 
-def update_local(options: SyncOptions, updates, state, specs=None, given=None):
-  """Every stage on this device's local gradients: ``(the synced gradients, new state)``."""
+def update_local(options: SyncOptions, updates, state, specs=None, given=None,
+                 next_message=None):
+  """Every stage on this device's local gradients: ``(the synced gradients, new state)``.
+  With ``delay`` the stages run on the message the last step left, and this step's
+  gradient (or ``next_message`` of it) is left for the next (:func:`hold`)."""
   p = axis_size(options.axis_name, who="sync_gradients: update")
   leaves, treedef = jax.tree.flatten(updates)
   floats, dtype = _float_leaves(updates)
@@ -432,9 +448,12 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None):
   trace = Trace(_shapes(floats), layout, dtype,
                 tuple(levels.bind(list(options.levels), [x.shape for x in sparse], p)), p)
   local = check_state(options, state, trace)
-  x, kept, velocity = local_gradient(options, layout.flatten(sparse, dtype),
-                                     [x for x, d in zip(floats, dense) if d], state.velocity,
-                                     trace.p)
+  kept = [x for x, d in zip(floats, dense) if d]
+  if options.delay:
+    x, kept = unpack(options, state.pending.message[0], layout.n, kept)
+  else:
+    x = layout.flatten(sparse, dtype)
+  x, kept, velocity = local_gradient(options, x, kept, state.velocity, trace.p)
   y, new_local, bytes_sent, h, index, local = run_level(options, trace, x, local,
                                                         state.count[0])
   # The dense leaves: one pmean of their concatenation (one all-reduce, counted as the dense
@@ -446,15 +465,55 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None):
   new_state = SyncState(jax.tree.map(lambda a: a[None], new_local),
                         None if velocity is None else velocity[None], state.count + 1,
                         next_stats(trace, y, new_local, bytes_sent, h, bad, index, state.stats),
-                        state.leaves)
+                        state.leaves, state.pending)
   if means:  # the dense leaves' entries count among those the sync delivered
     new_state = new_state._replace(stats=new_state.stats._replace(
         selected=new_state.stats.selected + sum(jnp.count_nonzero(m) for m in means)))
   sparse_out = iter(layout.unflatten(y, sparse))
   dense_out = iter(flat_vector.split(means[0], kept) if means else [])
-  synced = iter([next(dense_out) if d else next(sparse_out) for d in dense])
-  return (jax.tree.unflatten(treedef, [next(synced) if jnp.issubdtype(x.dtype, jnp.floating)
+  synced = [next(dense_out) if d else next(sparse_out) for d in dense]
+  if options.delay:
+    synced, new_state = hold(options, layout, floats, dense, synced, state, new_state,
+                             next_message)
+  elif next_message is not None:
+    raise ValueError("sync_gradients: update got next_message, which only a delayed sync "
+                     "takes (delay=1).")
+  out = iter(synced)
+  return (jax.tree.unflatten(treedef, [next(out) if jnp.issubdtype(x.dtype, jnp.floating)
                                        else x for x in leaves]), new_state)
+
+
+def unpack(options: SyncOptions, message, n: int, kept: list):
+  """A delayed sync's held ``message`` cut into the method's ``(n,)`` vector and the dense
+  leaves (shaped like ``kept``); a clear error for a message of another size."""
+  size = n + sum(x.size for x in kept)
+  if message.shape != (size,):
+    raise ValueError(f"sync_gradients: the delayed sync's held message has "
+                     f"{message.shape[0]} entries, but these gradients make {size}; init "
+                     f"with this transformation and the same params.")
+  return message[:n], flat_vector.split(message[n:], kept)
+
+
+def hold(options: SyncOptions, layout: FlatLayout, floats, dense, synced, state, new_state,
+         next_message):
+  """A delayed sync's last stage: ``(what this step delivers, the new state)``.
+
+  Before any message was held (the first step) nothing is delivered and the sync's state
+  stays as it was, so the delayed syncs are the undelayed ones one step later, state
+  included. This step's message, flattened as the sync flattens a gradient, waits in
+  :class:`Pending`: the gradient itself, or ``next_message(synced, gradient)`` leaf by leaf
+  (what :func:`spardl_jax.scale_by_synced_adam` sends is formed from this step's result)."""
+  held = state.pending.held[0]
+  synced = [jnp.where(held, s, jnp.zeros_like(s)) for s in synced]
+  new_state = jax.tree.map(lambda new, old: jnp.where(held, new, old), new_state, state)
+  message = floats if next_message is None else [
+      next_message(s, g).astype(g.dtype) for s, g in zip(synced, floats)]
+  dtype = state.pending.message.dtype
+  kept = [m for m, d in zip(message, dense) if d]
+  vec = layout.flatten(_method_leaves(message, dense), dtype)
+  if kept:
+    vec = jnp.concatenate([vec, flat_vector.concat(kept, dtype)])
+  return synced, new_state._replace(pending=Pending(vec[None], jnp.ones((1,), bool)))
 
 
 def _local_specs(options: SyncOptions, tree, axes, who: str, given):
@@ -497,19 +556,21 @@ def init(options: SyncOptions, params) -> SyncState:
                        check_vma=False)(params)
 
 
-def update(options: SyncOptions, updates, state, param_specs=None, batch_axes=None):
-  """The transformation's ``update`` (``param_specs`` and ``batch_axes``: its optax extra
-  arguments)."""
+def update(options: SyncOptions, updates, state, param_specs=None, batch_axes=None,
+           next_message=None):
+  """The transformation's ``update`` (``param_specs``, ``batch_axes`` and
+  ``next_message``: its optax extra arguments)."""
   refuse_apply_if_finite()
   check_batch_axes(options, batch_axes)
   given = options.given_specs(param_specs, "tx.update's param_specs (data_parallel_step "
                               "passes the arrays' layout there)", "sync_gradients: update")
   axes = free_axes(options.axis_name)
   if not axes:
-    return update_local(options, updates, state, given=given)
+    return update_local(options, updates, state, given=given, next_message=next_message)
   specs, over = _local_specs(options, updates, axes, "update", given)
   rows = jax.tree.map(lambda _: PartitionSpec(axes), state)
-  return jax.shard_map(functools.partial(update_local, options, specs=specs, given=given),
+  return jax.shard_map(functools.partial(update_local, options, specs=specs, given=given,
+                                         next_message=next_message),
                        in_specs=(over, rows), out_specs=(over, rows), axis_names=set(axes),
                        check_vma=False)(updates, state)
 

@@ -19,8 +19,8 @@ from jax.sharding import PartitionSpec
 from spardl_jax.core import protocol
 from spardl_jax.core.protocol import MEAN, PER_DEVICE, REPLICATED, SAME, SUM, Field
 
-__all__ = ['SyncStats', 'SyncState', 'LeafShapes', 'states_in', 'check_sync_alone',
-           'sync_stats']
+__all__ = ['SyncStats', 'SyncState', 'Pending', 'LeafShapes', 'states_in',
+           'check_sync_alone', 'sync_stats']
 
 
 class SyncStats(NamedTuple):
@@ -68,8 +68,26 @@ class LeafShapes:
   shapes: tuple[tuple[int, ...], ...]
 
 
+@protocol.layout(message=Field(fold=MEAN), held=Field(fold=SAME))
+class Pending(NamedTuple):
+  """What a delayed sync (``delay=1``) holds from one step to the next.
+
+  Attributes:
+    message: ``(1, N)`` on a device: this device's gradient of the last step, flattened as
+      the sync flattens it (the method's entries, then the dense leaves' entries), which the
+      next step's sync sends. A restore onto another device count gives every new device the
+      devices' mean: the next sync then delivers the mean gradient the old devices would
+      have (summing it, as a residual is, would scale that one step by ``P / P'``).
+    held: ``(1,)`` bool, False before the first step (nothing to send yet).
+  """
+
+  message: jax.Array
+  held: jax.Array
+
+
 @protocol.layout(method_state=Field(PER_DEVICE), velocity=Field(PER_DEVICE, SUM),
-                 count=Field(PER_DEVICE, SAME), stats=Field(PER_DEVICE))
+                 count=Field(PER_DEVICE, SAME), stats=Field(PER_DEVICE),
+                 pending=Field(PER_DEVICE))
 class SyncState(NamedTuple):
   """State of :func:`spardl_jax.sync_gradients`; every leaf has a leading device axis.
 
@@ -83,6 +101,7 @@ class SyncState(NamedTuple):
     count: ``(1,)`` int32, the syncs so far (the same on every device); it picks the level.
     stats: :class:`SyncStats` of the last update.
     leaves: the :class:`LeafShapes` the state was built for (no array).
+    pending: the :class:`Pending` message of a delayed sync (``delay=1``); None otherwise.
   """
 
   method_state: Any
@@ -90,6 +109,7 @@ class SyncState(NamedTuple):
   count: jax.Array  # type: ignore[assignment]  # a field named count shadows tuple.count
   stats: SyncStats
   leaves: LeafShapes
+  pending: Pending | None = None
 
 
 def states_in(tree, cls: type) -> list:

@@ -20,7 +20,7 @@ from spardl_jax.core.nonfinite import NonFinite
 from spardl_jax.sync import levels, stages
 from spardl_jax.sync.density import DensityRule
 
-__all__ = ['sync_gradients', 'spardl', 'powersgd', 'dense_warmup']
+__all__ = ['sync_gradients', 'spardl', 'powersgd', 'built_with', 'dense_warmup']
 
 
 def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
@@ -28,7 +28,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    warmup_steps: int = 0, momentum: float | None = None,
                    momentum_masking: bool = True, clip_norm: float | None = None,
                    residual_decay: float | None = None, param_specs=None,
-                   local_axis: str | None = None, dense_leaves=None,
+                   local_axis: str | None = None, dense_leaves=None, delay: int = 0,
                    **options) -> optax.GradientTransformationExtraArgs:
   """Synchronizes gradients across ``axis_name`` with the all-reduce ``method``.
 
@@ -78,6 +78,19 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     gradient's size, so a bias or a norm scale that a global top-k rarely picks is starved;
     these leaves are a few per cent of a transformer's entries. Their bytes (the ring
     all-reduce's) count in :class:`SyncStats`; they keep no residual. Not with ``momentum``.
+
+  **Delayed sync** (``delay=1``): each step sends the gradient the last step left and keeps
+  its own for the next, so the update applied at step ``t`` is the sync of step ``t - 1``'s
+  gradient. Inside one compiled train step the sync's collectives then depend on the state
+  only, not on this step's forward and backward pass, and the runtime may run the transfer
+  while they compute (PyTorch DDP overlaps its buckets with the backward pass for the same
+  reason; CocktailSGD delays its compressed sync by one step). The delayed syncs are exactly
+  the undelayed ones one step later, state included: the first step delivers zeros and
+  changes nothing but the held message (:class:`~spardl_jax.sync.state.Pending`, one
+  gradient per device, counted in the conservation below and folded to the devices' mean on
+  a restore); a non-finite gradient is skipped one step later, as the undelayed sync would
+  have skipped it. Any method takes it, with every option above; ``docs/design.md``,
+  "Delayed sync", says what it costs and where it pays.
 
   Whatever is accumulated, the bookkeeping stays exact (for SparDL with global residuals):
   ``sum(new residuals) + P * y == sum(u (or g) + beta * old residuals)`` up to float
@@ -129,6 +142,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
       (see "Hierarchical sync"), or None.
     dense_leaves: None, ``"vectors"``, an int or a callable: the leaves averaged densely
       outside the method (see above).
+    delay: 0, or 1 for the delayed sync (above).
     param_specs: the parameters' ``PartitionSpec`` s over the mesh (a pytree of the
       parameters' structure), needed only where the sync cannot read them: in a
       ``shard_map`` over every axis (it sees local shards), in a partial-auto ``shard_map``
@@ -144,10 +158,12 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
-    :class:`~spardl_jax.SyncState`; its ``update`` takes the extra arguments ``param_specs``
-    and ``batch_axes`` (the axes the step split the batch over, which
+    :class:`~spardl_jax.SyncState`; its ``update`` takes the extra arguments ``param_specs``,
+    ``batch_axes`` (the axes the step split the batch over, which
     :func:`spardl_jax.data_parallel_step` passes; a sync that reduces over other axes is
-    refused).
+    refused) and, with ``delay=1``, ``next_message``: a function ``(synced, gradient) ->
+    message`` applied leaf by leaf to form the message held for the next step from this
+    step's result (how :func:`spardl_jax.scale_by_synced_adam` keeps one momentum).
 
   References:
     Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
@@ -160,15 +176,16 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
       method, tuple(levels.build(method, options, warmup_steps=warmup_steps)),
       axis_name=axis_name, axis_size=axis_size, nonfinite=nonfinite, momentum=momentum,
       momentum_masking=momentum_masking, clip_norm=clip_norm, param_specs=param_specs,
-      local_axis=local_axis, residual_decay=residual_decay, dense_leaves=dense_leaves)
+      local_axis=local_axis, residual_decay=residual_decay, dense_leaves=dense_leaves,
+      delay=delay)
 
   def init_fn(params):
     return stages.init(config, params)
 
   def update_fn(updates, state, params=None, *, param_specs=None, batch_axes=None,
-                **extra_args):
+                next_message=None, **extra_args):
     del params, extra_args  # other transformations' extra arguments
-    return stages.update(config, updates, state, param_specs, batch_axes)
+    return stages.update(config, updates, state, param_specs, batch_axes, next_message)
 
   _BUILT[update_fn] = config
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -179,11 +196,17 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def built_with(tx: optax.GradientTransformation) -> stages.SyncOptions | None:
+  """The validated options ``tx`` was built with, or None where ``tx`` is no
+  :func:`sync_gradients` (a chain, another transformation)."""
+  return _BUILT.get(tx.update)
+
+
 def dense_warmup(tx: optax.GradientTransformation) -> int | float | None:
   """The syncs ``tx`` starts with that deliver the exact mean: its ``warmup_steps`` (``inf``
   for ``"dense"``, 0 for none), or None where ``tx`` is no :func:`sync_gradients` (a chain, another
   transformation)."""
-  config = _BUILT.get(tx.update)
+  config = built_with(tx)
   if config is None:
     return None
   # A level that is not the exact mean: past the warm-up, a method other than pmean.
