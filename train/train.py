@@ -157,6 +157,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     delivers;
   * ``dense_leaves``: leaves the sync averages densely every step, outside the method
     (``"vectors"``: biases and norm scales; ``N``: leaves of fewer than N entries);
+  * ``delay=1``: each step syncs the gradient of the step before, so the transfer may run
+    during the next step's compute (``sync_gradients``' ``delay``);
   * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
     with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop.
 
@@ -208,6 +210,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   if tuning.dense_leaves:
     sync_options["dense_leaves"] = (tuning.dense_leaves if tuning.dense_leaves == "vectors"
                                     else int(tuning.dense_leaves))
+  if tuning.delay:
+    sync_options["delay"] = tuning.delay
   if tuning.synced:
     return clipped(sj.synced_adamw(
         lr, warmup_steps=warmup, method=variant.method, b1=momentum, b2=cfg.adam_b2,
