@@ -1,7 +1,9 @@
 """Does a collective run while independent compute runs? Measured over the emulated network.
 
 ``sudo python -m benchmarks.overlap --processes 4 --rates 100mbit,1gbit --out overlap_out``
-(``--local`` runs the processes on 127.0.0.1: no namespaces, no shaping, no root.)
+(``--local`` runs the processes on 127.0.0.1: no namespaces, no shaping, no root;
+``--in-process`` runs one process over its own devices, several GPUs say, with ``--profile
+DIR`` writing a ``jax.profiler`` trace of the timed steps: benchmarks/scripts/gpu_overlap.sh.)
 
 One JAX process per network namespace (:func:`benchmarks.netbench.network`), one CPU device
 each, gloo over the shaped links. Every rank times, interleaved, the medians of ``--repeats``:
@@ -23,6 +25,7 @@ sync``, the runtime serializes them. Rank 0 writes ``results.json`` and prints t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -105,11 +108,15 @@ def worker(args) -> int:
   for mode in MODES:  # compile and warm up
     step(mode)
   times: dict[str, list[float]] = {mode: [] for mode in MODES}
-  for _ in range(args.repeats):
-    for mode in MODES:
-      start = time.perf_counter()
-      step(mode)
-      times[mode].append(time.perf_counter() - start)
+  with contextlib.ExitStack() as stack:
+    if args.profile:
+      stack.enter_context(jax.profiler.trace(args.profile))
+    for _ in range(args.repeats):
+      for mode in MODES:
+        with jax.profiler.TraceAnnotation(mode):
+          start = time.perf_counter()
+          step(mode)
+          times[mode].append(time.perf_counter() - start)
   if jax.process_index() == 0:
     with open(args.out, "w") as f:
       json.dump({mode: statistics.median(t) for mode, t in times.items()}, f)
@@ -125,10 +132,13 @@ def table(results: dict, args) -> str:
            "|---|" + "---|" * (len(MODES) + 3)]
   for rate, t in results.items():
     total, longest = t["compute"] + t["sync"], max(t["compute"], t["sync"])
-    # The share of the shorter part the best one-program mode hid: 1 all of it, 0 none.
-    hidden = (total - t["independent"]) / max(total - longest, 1e-9)
+    # The share of the shorter part the one-program delayed step hid (1: all of it, 0: none,
+    # below 0: slower than the two parts one after the other); "–" where the shorter part is
+    # under a tenth of the step, too small to tell from the noise.
+    shorter = total - longest
+    hidden = f"{(total - t['independent']) / shorter:.0%}" if shorter >= 0.1 * total else "–"
     lines.append(f"| {rate} | " + " | ".join(f"{t[m]:.3f}" for m in MODES)
-                 + f" | {total:.3f} | {longest:.3f} | {hidden:.0%} |")
+                 + f" | {total:.3f} | {longest:.3f} | {hidden} |")
   return "\n".join(lines)
 
 
@@ -147,14 +157,28 @@ def main(argv=None) -> int:
   parser.add_argument("--out", default="overlap_out")
   parser.add_argument("--local", action="store_true",
                       help="processes on 127.0.0.1 (no namespaces, no shaping, no root)")
+  parser.add_argument("--in-process", action="store_true",
+                      help="this process over its own devices (GPUs): no network emulated")
+  parser.add_argument("--profile", default=None, metavar="DIR",
+                      help="with --in-process: a jax.profiler trace of the timed steps in DIR")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
+  if args.profile and not args.in_process:
+    parser.error("--profile needs --in-process (each rank of a job would write its own)")
   if args.worker:
     return worker(args)
+  os.makedirs(args.out, exist_ok=True)
+  if args.in_process:
+    import jax
+    args.processes = jax.device_count()
+    args.out, folder = os.path.join(args.out, "times_devices.json"), args.out
+    worker(args)
+    with open(args.out) as f:
+      results = {f"{args.processes} {jax.devices()[0].platform} devices": json.load(f)}
+    return _write(results, _with(args, out=folder))
   rates = [netbench.UNSHAPED] if args.local else args.rates.split(",")
   if not args.local and os.geteuid() != 0:
     parser.error("needs root (network namespaces and tc); --local runs without them")
-  os.makedirs(args.out, exist_ok=True)
   from spardl_jax.parallel import launch
 
   results = {}
@@ -176,6 +200,15 @@ def main(argv=None) -> int:
       for rate in rates:
         netbench.shape(namespaces, rate)
         run(rate, host=f"{netbench.SUBNET}.1", prefix=netbench.in_namespace(namespaces))
+  return _write(results, args)
+
+
+def _with(args, **changes):
+  """``args`` (an argparse namespace) with ``changes``."""
+  return argparse.Namespace(**{**vars(args), **changes})
+
+
+def _write(results: dict, args) -> int:
   text = table(results, args)
   print(text)
   with open(os.path.join(args.out, "results.json"), "w") as f:

@@ -83,9 +83,19 @@ def _parse_args(argv):
   p.add_argument("--out", default="tta_out")
   p.add_argument("--report", action="store_true",
                  help="train nothing: rewrite the report from --out's runs")
+  p.add_argument("--dense-from", default=None, metavar="DIR",
+                 help="read dense's runs from an earlier --out DIR (the same seeds, rates and "
+                      "case) instead of training dense: its accuracy curve is the same at "
+                      "every rate, bit for bit; its clock is that run's")
   args = p.parse_args(argv)
   args.methods = [m for m in args.methods.split(",") if m]
   args.rates = [r for r in args.rates.split(",") if r]
+  if args.dense_from is not None:
+    if "dense" in args.methods:
+      p.error("--dense-from reads dense's runs: leave 'dense' out of --methods")
+    if not os.path.isdir(args.dense_from):
+      p.error(f"--dense-from {args.dense_from!r} is not a directory")
+    args.methods = ["dense", *args.methods]
   if "dense" not in args.methods:
     p.error(f"--methods must include 'dense' (it sets the target), got {args.methods}")
   try:  # here, not in each rank's log after the processes started
@@ -104,10 +114,11 @@ SHAPER_FILE = "shaper.json"  # the shaper's token bucket of the runs under --out
 
 def train_command(args, out: str, seed: int) -> list[str]:
   """The trainer's command line for one rate's job (every method in turn)."""
+  trained = args.methods[1:] if args.dense_from else args.methods
   cmd = [sys.executable, "-m", "train", "--model", CASE["model"], "--model-size",
          args.model_size, "--dataset",
          CASE["dataset"], "--batch-size", str(CASE["batch_size"]), "--lr", str(CASE["lr"]),
-         "--compare", ",".join(args.methods), "--devices", str(args.processes), "--epochs",
+         "--compare", ",".join(trained), "--devices", str(args.processes), "--epochs",
          str(args.epochs), "--seed", str(seed), "--no-progress", "--out", out]
   if args.steps_per_epoch:
     cmd += ["--steps-per-epoch", str(args.steps_per_epoch)]
@@ -194,6 +205,11 @@ def summarize(args) -> list[dict]:
       print(f"no run for seed {seed} at {rate} ({path}): left out", file=sys.stderr)
       continue
     finished[seed, rate] = {run.label: run for run in report.read(path)}
+    if args.dense_from:
+      earlier = os.path.join(args.dense_from, f"seed{seed}", rate, "metrics.json")
+      if not os.path.exists(earlier):
+        raise ValueError(f"--dense-from has no run for seed {seed} at {rate} ({earlier}).")
+      finished[seed, rate]["dense"] = {run.label: run for run in report.read(earlier)}["dense"]
     devices = {run.devices for run in finished[seed, rate].values()}
     if devices != {args.processes}:  # rounds per step depend on it
       raise ValueError(f"{path} was trained on {', '.join(map(str, devices))} processes: pass "

@@ -27,6 +27,16 @@ def test_smoke_run_reports_every_method(tmp_path, capsys):
   assert "| unshaped | dense |" in capsys.readouterr().out
   assert all(r["fraction"] == 0.1 and r["seed"] == 0 for r in rows)
   assert (tmp_path / "seed0" / "unshaped" / "metrics.json").exists()
+  # A later run that reads dense's runs from this one (--dense-from) reports the same rows.
+  later = tmp_path / "later"
+  (later / "seed0" / "unshaped").mkdir(parents=True)
+  (later / "seed0" / "unshaped" / "metrics.json").write_text(
+      (tmp_path / "seed0" / "unshaped" / "metrics.json").read_text())
+  assert time_to_accuracy.main([
+      "--report", "--processes", "2", "--rates", "unshaped", "--methods", "spardl",
+      "--model-size", "tiny", "--targets", "0.1", "--dense-from", str(tmp_path),
+      "--out", str(later)]) == 0
+  assert json.loads((later / "results.json").read_text())["rows"] == rows
 
 
 def test_over_seeds_takes_medians_and_counts_who_was_first():
