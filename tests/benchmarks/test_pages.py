@@ -69,3 +69,41 @@ def test_every_table_the_scale_page_copies_is_its_reports():
   assert len(copied) >= 7  # the projection, time to accuracy and paper sections
   for table in copied:
     assert table in rendered, table.splitlines()[:3]
+
+
+OVERLAP = sorted(glob.glob(os.path.join(RESULTS, "network", "overlap", "*", "results.json")))
+
+
+@pytest.mark.parametrize("path", OVERLAP, ids=lambda p: p.split(os.sep)[-2])
+def test_an_overlap_report_re_renders_from_its_raw_file(path):
+  import argparse
+
+  from benchmarks import overlap
+  raw = json.loads(_read(path))
+  assert overlap.table(raw["seconds"], argparse.Namespace(**raw["args"])) + "\n" == _read(
+      os.path.join(os.path.dirname(path), "results.md"))
+
+
+def test_every_table_the_network_page_copies_from_the_delay_runs_is_theirs():
+  """network.md's "Hiding the sync" copies the overlap probes' and the delayed runs' time to
+  accuracy tables: each is one of those reports' tables, line for line."""
+  reports = (glob.glob(os.path.join(RESULTS, "network", "overlap", "*", "results.md"))
+             + glob.glob(os.path.join(RESULTS, "network", "delay", "*", "results.md"))
+             + glob.glob(os.path.join(RESULTS, "scale", "steps", "delay", "steps_*.md")))
+  rendered = [t for path in reports for t in _tables(_read(path))]
+  page = _read(os.path.join(RESULTS, "network.md"))
+  section = page[page.index("## Hiding the sync"):]
+  copied = _tables(section[:section.find("\n## ", 1) if "\n## " in section[1:] else None])
+  assert len(copied) >= 3
+  for table in copied:
+    assert table in rendered, table.splitlines()[:3]
+
+
+@pytest.mark.parametrize("target", ["0.95", "0.98"])
+def test_the_delayed_runs_steps_re_render(target):
+  """The main job's steps with and without the delay (network.md copies them)."""
+  runs = os.path.join(RESULTS, "scale", "steps", "delay")
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    scale.main(["--runs", runs, "--target", target])
+  assert out.getvalue() == _read(os.path.join(runs, f"steps_{target[2:]}.md"))
