@@ -47,8 +47,8 @@ from spardl_jax.sync.specs import (check_leaf_specs, check_same_specs, check_spe
 from spardl_jax.sync.state import LeafShapes, Pending, SyncState, SyncStats
 
 __all__ = ['SyncOptions', 'init', 'update', 'init_local', 'update_local', 'check_state',
-           'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats', 'unpack',
-           'hold']
+           'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats',
+           'UNORDERED_COLLECTIVES', 'waits_for_gradient', 'unpack', 'hold']
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -450,7 +450,10 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None,
   local = check_state(options, state, trace)
   kept = [x for x, d in zip(floats, dense) if d]
   if options.delay:
-    x, kept = unpack(options, state.pending.message[0], layout.n, kept)
+    message = state.pending.message[0]
+    if waits_for_gradient():
+      message = _after(message, floats)
+    x, kept = unpack(options, message, layout.n, kept)
   else:
     x = layout.flatten(sparse, dtype)
   x, kept, velocity = local_gradient(options, x, kept, state.velocity, trace.p)
@@ -481,6 +484,31 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None,
   out = iter(synced)
   return (jax.tree.unflatten(treedef, [next(out) if jnp.issubdtype(x.dtype, jnp.floating)
                                        else x for x in leaves]), new_state)
+
+
+# Runtimes that may start a step's independent collectives in a different order on each
+# device. XLA:CPU runs the thunks of a program that do not depend on each other at once, and
+# each collective blocks its device until all have joined: with the sync independent of the
+# step, three devices entered SparDL's first permute while five entered the loss's all-reduce
+# and the step hung (a character GPT, 8 simulated devices, the AdamW recipe). There a delayed
+# sync's message waits for this step's gradient (:func:`_after`), so its collectives come
+# in the undelayed order: the books are the same, the transfer is not hidden. GPUs and TPUs run every device's collectives in the one compiled order.
+UNORDERED_COLLECTIVES = ("cpu",)
+
+
+def waits_for_gradient() -> bool:
+  """Whether a delayed sync's message must wait for this step's gradient here."""
+  return jax.default_backend() in UNORDERED_COLLECTIVES
+
+
+def _after(message, floats):
+  """``message`` itself, made to depend on every float leaf of this step's gradient: a select
+  on a predicate that is always true (a count of finite entries is never negative) but that
+  the compiler cannot prove, so it stays (an optimization barrier does not: XLA:CPU removes
+  it before scheduling). One entry of each leaf, so the gradient's values cannot reach the
+  message (a NaN is held, not sent early)."""
+  finite = sum(jnp.isfinite(x.reshape(-1)[0]).astype(jnp.int32) for x in floats if x.size)
+  return jnp.where(finite >= 0, message, jnp.zeros_like(message))
 
 
 def unpack(options: SyncOptions, message, n: int, kept: list):

@@ -84,7 +84,9 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
   gradient. Inside one compiled train step the sync's collectives then depend on the state
   only, not on this step's forward and backward pass, and the runtime may run the transfer
   while they compute (PyTorch DDP overlaps its buckets with the backward pass for the same
-  reason; CocktailSGD delays its compressed sync by one step). The delayed syncs are exactly
+  reason; CocktailSGD delays its compressed sync by one step; on the CPU backend, whose runtime
+  may start independent collectives in another order on each device, the message waits for
+  the gradient and nothing is hidden). The delayed syncs are exactly
   the undelayed ones one step later, state included: the first step delivers zeros and
   changes nothing but the held message (:class:`~spardl_jax.sync.state.Pending`, one
   gradient per device, counted in the conservation below and folded to the devices' mean on

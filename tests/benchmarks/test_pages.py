@@ -100,9 +100,11 @@ def test_every_table_the_network_page_copies_from_the_delay_runs_is_theirs():
 
 
 @pytest.mark.parametrize("target", ["0.95", "0.98"])
-def test_the_delayed_runs_steps_re_render(target):
-  """The main job's steps with and without the delay (network.md copies them)."""
-  runs = os.path.join(RESULTS, "scale", "steps", "delay")
+def test_the_delayed_runs_steps_re_render(target, monkeypatch):
+  """The main job's steps with and without the delay (network.md copies them); the report
+  names the runs' folder as the command gave it, from the repository."""
+  monkeypatch.chdir(ROOT)
+  runs = os.path.join("benchmarks", "results", "scale", "steps", "delay")
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
     scale.main(["--runs", runs, "--target", target])

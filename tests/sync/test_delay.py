@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import spardl_jax as sj
+from spardl_jax.sync import stages
 from tests import harness
 from tests.sync import test_adam, test_convergence_options as options_test, test_outer
 
@@ -227,11 +228,9 @@ def collectives_reached_from(text: str, sources) -> tuple[int, list[str]]:
   return len(found), [what for name, what in found if name in tainted]
 
 
-def test_no_collective_of_a_delayed_train_step_waits_for_its_batch():
-  """The compiled data-parallel step (forward, backward, SparDL, SGD): with delay=1 no
-  collective of the sync can depend on the batch (so the runtime is free to run the
-  transfer during the forward and backward pass), only the scalar all-reduce of the loss
-  the step reports; without it, the sync's collective-permutes do."""
+def _waiting_collectives(delay):
+  """The collectives of the compiled data-parallel step (forward, backward, SparDL, SGD)
+  whose inputs may depend on the batch: ``(all, waiting)``."""
   p = 8
   mesh = harness.mesh(p)
   params = {"w": jnp.zeros((11, 7)), "b": jnp.zeros((7,))}
@@ -240,14 +239,28 @@ def test_no_collective_of_a_delayed_train_step_waits_for_its_batch():
   def loss(params, x, y):
     return jnp.mean((jnp.tanh(x @ params["w"] + params["b"]) - y) ** 2)
 
-  counts = {}
-  for delay in (0, 1):
-    tx = optax.chain(sj.spardl(density=0.1, delay=delay), optax.sgd(0.1))
-    step = sj.data_parallel_step(loss, tx, mesh)
-    state = sj.init_opt_state(tx, params, mesh)
-    text = step.lower(params, state, x, y).compile().as_text()
-    counts[delay] = collectives_reached_from(text, ("f32[5,11]", "f32[5,7]"))
-  total, waiting = counts[1]
-  assert total > 1 and waiting == ["all-reduce f32[]"], counts
+  tx = optax.chain(sj.spardl(density=0.1, delay=delay), optax.sgd(0.1))
+  step = sj.data_parallel_step(loss, tx, mesh)
+  state = sj.init_opt_state(tx, params, mesh)
+  text = step.lower(params, state, x, y).compile().as_text()
+  return collectives_reached_from(text, ("f32[5,11]", "f32[5,7]"))
+
+
+def test_no_collective_of_a_delayed_train_step_waits_for_its_batch(monkeypatch):
+  """On a runtime that runs every device's collectives in the compiled order (GPUs, TPUs:
+  the sync built as there, compiled here for its HLO), no collective of the delayed sync can
+  depend on the batch, only the scalar all-reduce of the loss the step reports; without the
+  delay, the sync's collective-permutes do."""
+  monkeypatch.setattr(stages, "UNORDERED_COLLECTIVES", ())
+  total, waiting = _waiting_collectives(1)
+  assert total > 1 and waiting == ["all-reduce f32[]"], (total, waiting)
   # The check sees a dependence where there is one.
-  assert any(what.startswith("collective-permute") for what in counts[0][1]), counts
+  assert any(what.startswith("collective-permute") for what in _waiting_collectives(0)[1])
+
+
+def test_on_the_cpu_a_delayed_sync_waits_for_the_gradient():
+  """XLA:CPU may start a step's independent collectives in another order on each device (a
+  hang, seen): there the delayed sync's permutes wait for the batch's gradient, as the
+  undelayed sync's do, and every collective keeps the undelayed order."""
+  assert jax.default_backend() == "cpu" and stages.waits_for_gradient()
+  assert sorted(_waiting_collectives(1)[1]) == sorted(_waiting_collectives(0)[1])
