@@ -30,8 +30,8 @@ import sys
 import time
 
 __all__ = ['BRIDGE', 'SUBNET', 'DEFAULT_METHODS', 'MIN_TBF_BURST', 'rate_bits', 'kernel_hz',
-           'tbf_burst', 'shaper_record', 'network', 'UNSHAPED', 'shape', 'run_workers',
-           'in_namespace', 'worker', 'main']
+           'tbf_burst', 'shaper_record', 'network', 'UNSHAPED', 'shape', 'launch_where',
+           'run_job', 'each_rate', 'run_workers', 'worker', 'job_parser', 'main']
 
 BRIDGE = "spdlbr0"
 SUBNET = "10.77.0"
@@ -135,27 +135,52 @@ def shaper_record(rates) -> dict:
   return {"tbf_burst_bytes": {r: tbf_burst(r) for r in rates if r != UNSHAPED}}
 
 
-def run_workers(namespaces, args, rate: str) -> dict:
-  """One process per namespace (or, with ``--local``, ``--processes`` on this host's
-  loopback); returns rank 0's timings."""
+def launch_where(namespaces: list[str] | None) -> dict:
+  """:func:`spardl_jax.parallel.launch.launch`'s keywords that put rank ``i`` in
+  ``namespaces[i]`` with rank 0 as the coordinator (none for ``None``: this host's
+  loopback)."""
+  if namespaces is None:
+    return {}
+  return {"host": f"{SUBNET}.1",
+          "prefix": lambda rank: ["ip", "netns", "exec", namespaces[rank]]}
+
+
+def run_job(command: list[str], out: str, *, processes: int, timeout: float,
+            namespaces: list[str] | None, rate: str) -> dict:
+  """``command`` (a worker that writes its results to ``out`` as JSON) as one job of
+  ``processes`` ranks, one per namespace (or on this host's loopback); returns what it
+  wrote."""
   from spardl_jax.parallel import launch
 
-  out = os.path.join(args.out, f"times_{rate}.json")
-  cmd = [sys.executable, "-m", "benchmarks.netbench", "--worker", "--n", str(args.n),
-         "--density", str(args.density), "--repeats", str(args.repeats), "--methods",
-         ",".join(args.methods), "--out", out]
-  where = {} if namespaces is None else {"host": f"{SUBNET}.1",
-                                         "prefix": in_namespace(namespaces)}
-  if launch.launch(cmd, processes=args.processes, timeout=args.timeout, **where):
+  if launch.launch(command, processes=processes, timeout=timeout,
+                   **launch_where(namespaces)):
     raise SystemExit(f"a worker failed at {rate}")
   with open(out) as f:
     return json.load(f)
 
 
-def in_namespace(namespaces: list[str]):
-  """``rank -> command prefix`` running rank ``i`` in ``namespaces[i]`` (for
-  :func:`spardl_jax.parallel.launch.launch`)."""
-  return lambda rank: ["ip", "netns", "exec", namespaces[rank]]
+def each_rate(processes: int, rates: list[str], local: bool, run) -> dict:
+  """``{rate: run(rate, namespaces)}``: with ``local`` one unshaped run on the loopback
+  (``namespaces`` None), else every rate in turn over one set of namespaces, shaped."""
+  if local:
+    return {UNSHAPED: run(UNSHAPED, None)}
+  results = {}
+  with network(processes) as namespaces:
+    for rate in rates:
+      shape(namespaces, rate)
+      results[rate] = run(rate, namespaces)
+  return results
+
+
+def run_workers(namespaces, args, rate: str) -> dict:
+  """One process per namespace (or, with ``--local``, ``--processes`` on this host's
+  loopback); returns rank 0's timings."""
+  out = os.path.join(args.out, f"times_{rate}.json")
+  cmd = [sys.executable, "-m", "benchmarks.netbench", "--worker", "--n", str(args.n),
+         "--density", str(args.density), "--repeats", str(args.repeats), "--methods",
+         ",".join(args.methods), "--out", out]
+  return run_job(cmd, out, processes=args.processes, timeout=args.timeout,
+                 namespaces=namespaces, rate=rate)
 
 
 def worker(args) -> int:
@@ -195,21 +220,30 @@ def worker(args) -> int:
   return 0
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.netbench", description=__doc__,
+def job_parser(prog: str, doc: str | None, *, rates: str, n: int, repeats: int,
+               timeout: float, out: str) -> argparse.ArgumentParser:
+  """The flags of a benchmark that runs one job of processes per rate over the emulated
+  network (this one, ``benchmarks.overlap``), with its defaults."""
+  parser = argparse.ArgumentParser(prog=prog, description=doc,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--processes", type=int, default=4)
-  parser.add_argument("--rates", default="1gbit,100mbit", help="tc rates, comma separated")
-  parser.add_argument("--n", type=lambda v: int(float(v)), default=14_700_000)
+  parser.add_argument("--rates", default=rates, help="tc rates, comma separated")
+  parser.add_argument("--n", type=lambda v: int(float(v)), default=n)
   parser.add_argument("--density", type=float, default=0.01)
-  parser.add_argument("--methods", default=",".join(DEFAULT_METHODS))
-  parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--timeout", type=float, default=1800, help="seconds per rate")
-  parser.add_argument("--out", default="netbench_out")
+  parser.add_argument("--repeats", type=int, default=repeats)
+  parser.add_argument("--timeout", type=float, default=timeout, help="seconds per rate")
+  parser.add_argument("--out", default=out)
   parser.add_argument("--local", action="store_true",
                       help="processes on 127.0.0.1: no namespaces, no shaping, no root (a "
                            "smoke run; --rates unshaped)")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  return parser
+
+
+def main(argv=None) -> int:
+  parser = job_parser("python -m benchmarks.netbench", __doc__, rates="1gbit,100mbit",
+                      n=14_700_000, repeats=3, timeout=1800, out="netbench_out")
+  parser.add_argument("--methods", default=",".join(DEFAULT_METHODS))
   args = parser.parse_args(argv)
   args.methods = args.methods.split(",")
   rates = args.rates.split(",")
@@ -225,14 +259,8 @@ def main(argv=None) -> int:
     return 2
   os.makedirs(args.out, exist_ok=True)
   args.out = os.path.abspath(args.out)
-  results = {}
-  if args.local:
-    results[UNSHAPED] = run_workers(None, args, UNSHAPED)
-  else:
-    with network(args.processes) as namespaces:
-      for rate in rates:
-        shape(namespaces, rate)
-        results[rate] = run_workers(namespaces, args, rate)
+  results = each_rate(args.processes, rates, args.local,
+                      lambda rate, namespaces: run_workers(namespaces, args, rate))
   print(f"wall time per sync (median of {args.repeats}), P = {args.processes} processes, "
         f"n = {args.n:,}, density {args.density}")
   print("| method | bytes/device | " + " | ".join(f"{r} (s) | {r} vs SparDL" for r in results)

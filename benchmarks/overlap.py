@@ -143,25 +143,16 @@ def table(results: dict, args) -> str:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m benchmarks.overlap", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--processes", type=int, default=4)
-  parser.add_argument("--rates", default="100mbit,1gbit", help="tc rates, comma separated")
-  parser.add_argument("--n", type=lambda v: int(float(v)), default=4_000_000)
-  parser.add_argument("--density", type=float, default=0.01)
+  parser = netbench.job_parser("python -m benchmarks.overlap", __doc__,
+                               rates="100mbit,1gbit", n=4_000_000, repeats=7, timeout=900,
+                               out="overlap_out")
   parser.add_argument("--layers", type=int, default=8)
   parser.add_argument("--batch", type=int, default=256)
   parser.add_argument("--width", type=int, default=1024)
-  parser.add_argument("--repeats", type=int, default=7)
-  parser.add_argument("--timeout", type=float, default=900, help="seconds per rate")
-  parser.add_argument("--out", default="overlap_out")
-  parser.add_argument("--local", action="store_true",
-                      help="processes on 127.0.0.1 (no namespaces, no shaping, no root)")
   parser.add_argument("--in-process", action="store_true",
                       help="this process over its own devices (GPUs): no network emulated")
   parser.add_argument("--profile", default=None, metavar="DIR",
                       help="with --in-process: a jax.profiler trace of the timed steps in DIR")
-  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.profile and not args.in_process:
     parser.error("--profile needs --in-process (each rank of a job would write its own)")
@@ -171,41 +162,24 @@ def main(argv=None) -> int:
   if args.in_process:
     import jax
     args.processes = jax.device_count()
-    args.out, folder = os.path.join(args.out, "times_devices.json"), args.out
-    worker(args)
-    with open(args.out) as f:
-      results = {f"{args.processes} {jax.devices()[0].platform} devices": json.load(f)}
-    return _write(results, _with(args, out=folder))
-  rates = [netbench.UNSHAPED] if args.local else args.rates.split(",")
+    out = os.path.join(args.out, "times_devices.json")
+    worker(argparse.Namespace(**{**vars(args), "out": out}))
+    with open(out) as f:
+      return _write({f"{args.processes} {jax.devices()[0].platform} devices": json.load(f)},
+                    args)
   if not args.local and os.geteuid() != 0:
     parser.error("needs root (network namespaces and tc); --local runs without them")
-  from spardl_jax.parallel import launch
 
-  results = {}
-
-  def run(rate, **where):
+  def run(rate, namespaces):
     out = os.path.abspath(os.path.join(args.out, f"times_{rate}.json"))
     cmd = [sys.executable, "-m", "benchmarks.overlap", "--worker", "--out", out,
            *(f"--{k}={getattr(args, k)}" for k in ("n", "density", "layers", "batch",
                                                    "width", "repeats"))]
-    if launch.launch(cmd, processes=args.processes, timeout=args.timeout, **where):
-      raise SystemExit(f"a worker failed at {rate}")
-    with open(out) as f:
-      results[rate] = json.load(f)
+    return netbench.run_job(cmd, out, processes=args.processes, timeout=args.timeout,
+                            namespaces=namespaces, rate=rate)
 
-  if args.local:
-    run(netbench.UNSHAPED)
-  else:
-    with netbench.network(args.processes) as namespaces:
-      for rate in rates:
-        netbench.shape(namespaces, rate)
-        run(rate, host=f"{netbench.SUBNET}.1", prefix=netbench.in_namespace(namespaces))
-  return _write(results, args)
-
-
-def _with(args, **changes):
-  """``args`` (an argparse namespace) with ``changes``."""
-  return argparse.Namespace(**{**vars(args), **changes})
+  return _write(netbench.each_rate(args.processes, args.rates.split(","), args.local, run),
+                args)
 
 
 def _write(results: dict, args) -> int:

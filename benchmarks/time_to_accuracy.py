@@ -154,7 +154,7 @@ def run_rates(args) -> None:
     for seed in args.seeds:
       for rate in args.rates:
         netbench.shape(namespaces, rate)
-        job(seed, rate, host=f"{netbench.SUBNET}.1", prefix=netbench.in_namespace(namespaces))
+        job(seed, rate, **netbench.launch_where(namespaces))
 
 
 def record_shaper(out: str, rates: list[str]) -> None:

@@ -48,7 +48,7 @@ from spardl_jax.sync.state import LeafShapes, Pending, SyncState, SyncStats
 
 __all__ = ['SyncOptions', 'init', 'update', 'init_local', 'update_local', 'check_state',
            'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats',
-           'UNORDERED_COLLECTIVES', 'waits_for_gradient', 'unpack', 'hold']
+           'UNORDERED_COLLECTIVES', 'waits_for_gradient', 'message_size', 'unpack', 'hold']
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -281,7 +281,7 @@ def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncStat
   fresh = fresh_state(options, bound, n, dtype, p)
   pending = None
   if options.delay:
-    size = n + sum(math.prod(x.shape) for x, d in zip(floats, dense) if d)
+    size = message_size(n, [x for x, d in zip(floats, dense) if d])
     pending = Pending(jnp.zeros((lead, size), dtype), jnp.zeros((lead,), bool))
   if options.residual_decay is not None and protocol.residual(fresh) is None:
     raise ValueError(f"sync_gradients: residual_decay={options.residual_decay} decays the "
@@ -453,7 +453,7 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None,
     message = state.pending.message[0]
     if waits_for_gradient():
       message = _after(message, floats)
-    x, kept = unpack(options, message, layout.n, kept)
+    x, kept = unpack(message, layout.n, kept)
   else:
     x = layout.flatten(sparse, dtype)
   x, kept, velocity = local_gradient(options, x, kept, state.velocity, trace.p)
@@ -476,8 +476,7 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None,
   dense_out = iter(flat_vector.split(means[0], kept) if means else [])
   synced = [next(dense_out) if d else next(sparse_out) for d in dense]
   if options.delay:
-    synced, new_state = hold(options, layout, floats, dense, synced, state, new_state,
-                             next_message)
+    synced, new_state = hold(layout, floats, dense, synced, state, new_state, next_message)
   elif next_message is not None:
     raise ValueError("sync_gradients: update got next_message, which only a delayed sync "
                      "takes (delay=1).")
@@ -492,7 +491,8 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None,
 # step, three devices entered SparDL's first permute while five entered the loss's all-reduce
 # and the step hung (a character GPT, 8 simulated devices, the AdamW recipe). There a delayed
 # sync's message waits for this step's gradient (:func:`_after`), so its collectives come
-# in the undelayed order: the books are the same, the transfer is not hidden. GPUs and TPUs run every device's collectives in the one compiled order.
+# in the undelayed order: the books are the same, the transfer is not hidden. GPUs and TPUs
+# run every device's collectives in the one compiled order.
 UNORDERED_COLLECTIVES = ("cpu",)
 
 
@@ -511,10 +511,16 @@ def _after(message, floats):
   return jnp.where(finite >= 0, message, jnp.zeros_like(message))
 
 
-def unpack(options: SyncOptions, message, n: int, kept: list):
+def message_size(n: int, kept) -> int:
+  """Entries of a delayed sync's held message: the method's ``n``, then the dense leaves
+  ``kept`` (arrays or shapes' holders)."""
+  return n + sum(math.prod(x.shape) for x in kept)
+
+
+def unpack(message, n: int, kept: list):
   """A delayed sync's held ``message`` cut into the method's ``(n,)`` vector and the dense
   leaves (shaped like ``kept``); a clear error for a message of another size."""
-  size = n + sum(x.size for x in kept)
+  size = message_size(n, kept)
   if message.shape != (size,):
     raise ValueError(f"sync_gradients: the delayed sync's held message has "
                      f"{message.shape[0]} entries, but these gradients make {size}; init "
@@ -522,8 +528,7 @@ def unpack(options: SyncOptions, message, n: int, kept: list):
   return message[:n], flat_vector.split(message[n:], kept)
 
 
-def hold(options: SyncOptions, layout: FlatLayout, floats, dense, synced, state, new_state,
-         next_message):
+def hold(layout: FlatLayout, floats, dense, synced, state, new_state, next_message):
   """A delayed sync's last stage: ``(what this step delivers, the new state)``.
 
   Before any message was held (the first step) nothing is delivered and the sync's state
