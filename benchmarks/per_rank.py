@@ -116,6 +116,16 @@ def measure(spec: str, *, p: int, n: int, density: float, repeats: int, seed: in
           "same_result": bool(np.array_equal(np.asarray(y_alone), np.asarray(y[rank])))}
 
 
+def table(rows: list[dict]) -> str:
+  """The rows as the Markdown table printed and published."""
+  lines = ["| n | P | method | batched / P (ms) | one rank alone (ms) | collectives | same "
+           "result |", "|---|---|---|---:|---:|---:|---|"]
+  lines += [f"| {r['n']:,} | {r['devices']} | {r['method']} | "
+            f"{r['batched_per_rank_s'] * 1e3:.2f} | {r['one_rank_s'] * 1e3:.2f} | "
+            f"{r['collectives']} | {r['same_result']} |" for r in rows]
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.per_rank", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,18 +139,14 @@ def main(argv=None) -> int:
   parser.add_argument("--out", help="a JSON file for the rows")
   args = parser.parse_args(argv)
   rows = []
-  print("| n | P | method | batched / P (ms) | one rank alone (ms) | collectives | same "
-        "result |\n|---|---|---|---:|---:|---:|---|")
+  print(table([]))
   for n in args.n:
     for spec in args.methods.split(","):
-      r = measure(spec, p=args.ranks, n=n, density=args.density, repeats=args.repeats)
-      rows.append(r)
-      print(f"| {n:,} | {args.ranks} | {spec} | {r['batched_per_rank_s'] * 1e3:.2f} | "
-            f"{r['one_rank_s'] * 1e3:.2f} | {r['collectives']} | {r['same_result']} |",
-            flush=True)
-  if args.out:
-    with open(args.out, "w") as f:
-      json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+      rows.append(measure(spec, p=args.ranks, n=n, density=args.density, repeats=args.repeats))
+      print(table(rows[-1:]).splitlines()[-1], flush=True)
+      if args.out:  # after every row: a run stopped by its time limit keeps what it measured
+        with open(args.out, "w") as f:
+          json.dump({"args": vars(args), "rows": rows}, f, indent=2)
   return 0 if all(r["same_result"] for r in rows) else 1
 
 

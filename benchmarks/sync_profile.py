@@ -155,6 +155,18 @@ def coarse(rows) -> list[tuple[str, float]]:
   return sums.most_common()
 
 
+def report(method_spec: str, *, p: int, n: int, simulated: bool, rows, total: float) -> str:
+  """The profile's two tables (by stage, by fused instruction), as printed and published."""
+  ranks = "simulated devices" if simulated else "ranks emulated on one device"
+  lines = [f"{method_spec}, P = {p} {ranks}, n = {n:,}: {total / 1e3:.2f} ms per rank and "
+           "call in all", "| stage | ms per rank | share |", "|---|---:|---:|"]
+  lines += [f"| {stage} | {us / 1e3:.3f} | {us / total:.1%} |" for stage, us in coarse(rows)]
+  lines += ["", "| instructions of (fused) | module | ms per rank | share |", "|---|---|---:|---:|"]
+  lines += [f"| {stage} | {module} | {us / 1e3:.3f} | {us / total:.1%} |"
+            for stage, module, us in rows]
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.sync_profile",
                                    description=__doc__,
@@ -172,15 +184,8 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   rows, total = profile(args.method, p=args.ranks, n=args.n, calls=args.calls,
                         density=args.density, simulated=args.simulated)
-  ranks = "simulated devices" if args.simulated else "ranks emulated on one device"
-  print(f"{args.method}, P = {args.ranks} {ranks}, n = {args.n:,}: {total / 1e3:.2f} ms per "
-        f"rank and call in all")
-  print("| stage | ms per rank | share |\n|---|---:|---:|")
-  for stage, us in coarse(rows):
-    print(f"| {stage} | {us / 1e3:.3f} | {us / total:.1%} |")
-  print("\n| instructions of (fused) | module | ms per rank | share |\n|---|---|---:|---:|")
-  for stage, module, us in rows:
-    print(f"| {stage} | {module} | {us / 1e3:.3f} | {us / total:.1%} |")
+  print(report(args.method, p=args.ranks, n=args.n, simulated=args.simulated, rows=rows,
+               total=total))
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"args": vars(args), "total_us": total,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU figures of the selection issue, in one run on one fresh GPU machine (under 8 minutes):
+# The GPU figures of the selection issue, in one run on one fresh GPU machine (about 6 minutes
+# on an H200 on 2026-11-28; its parts' time limits add up to 10):
 #   1. the selection alone: SparDL's count, radix (the GPU's default now) and sort methods against
 #      lax.top_k and one dense pass, n = 1.84M, 14.7M, 66M at 1 % and 0.1 % (exactness checked);
 #   2. every method's sync, one rank's program timed alone (collectives replayed from a batched
@@ -15,9 +16,12 @@ source benchmarks/scripts/gpu_setup.sh "$@"
 timeout 120 python3 -m spardl_jax.tools.bench --selection --n 1.84e6,14.7e6,66e6 \
   --densities 0.01,0.001 --repeats 7 --out "$out/selection" 2>&1 | grep -v '^WARNING' \
   | tee "$out/selection.log"
-timeout 200 python3 -m benchmarks.per_rank --ranks 8 --n 14.7e6,66e6 \
-  --methods dense,dense_bf16,spardl,spardl:wire=exact,oktopk,topka,topkdsa --repeats 7 \
-  --out "$out/per_rank.json" 2>&1 | grep -v '^WARNING' | tee "$out/per_rank.log"
+# One limit a size: on an H200 (2026-11-28) 14.7M took 96 s and 66M 210 s.
+for n in 14.7e6 66e6; do
+  timeout $([ $n = 66e6 ] && echo 240 || echo 150) python3 -m benchmarks.per_rank --ranks 8 --n $n \
+    --methods dense,dense_bf16,spardl,spardl:wire=exact,oktopk,topka,topkdsa --repeats 7 \
+    --out "$out/per_rank_$n.json" 2>&1 | grep -v '^WARNING' | tee "$out/per_rank_$n.log"
+done
 timeout 60 python3 -m benchmarks.sync_profile --ranks 8 --n 14.7e6 --calls 5 \
   --out "$out/profile.json" 2>&1 | grep -v '^WARNING' | tee "$out/profile.log"
 timeout 60 python3 - <<'EOF' 2>&1 | grep -v '^WARNING' | tee "$out/hlo.log"

@@ -109,3 +109,31 @@ def test_the_delayed_runs_steps_re_render(target, monkeypatch):
   with contextlib.redirect_stdout(out):
     scale.main(["--runs", runs, "--target", target])
   assert out.getvalue() == _read(os.path.join(runs, f"steps_{target[2:]}.md"))
+
+
+def test_the_selection_pages_gpu_tables_are_its_raw_files():
+  """selection.md's H200 section: the selection, per-rank and stage tables are the ones their
+  JSON files render, and every figure quoted in the section's summary is in them."""
+  from benchmarks import per_rank, sync_profile
+  from spardl_jax.tools import bench
+  raw = os.path.join(RESULTS, "selection", "h200")
+  ranks = [row for size in ("14.7e6", "66e6")
+           for row in json.loads(_read(os.path.join(raw, f"per_rank_{size}.json")))["rows"]]
+  profile = json.loads(_read(os.path.join(raw, "profile.json")))
+  args = profile["args"]
+  stages = sync_profile.report(
+      args["method"], p=args["ranks"], n=args["n"], simulated=args["simulated"],
+      rows=[(r["stage"], r["module"], r["us"]) for r in profile["rows"]],
+      total=profile["total_us"])
+  rendered = [per_rank.table(ranks),
+              bench.format_selection(json.loads(_read(os.path.join(raw, "selection.json")))["rows"]),
+              *stages.split("\n\n")]
+  page = _read(os.path.join(RESULTS, "selection.md"))
+  section = page[page.index("## GPU: one H200"):]
+  copied = _tables(section)
+  assert len(copied) == 4
+  for table, mine in zip(copied, [rendered[1], rendered[0], *rendered[2:]]):
+    assert table == "\n".join(line for line in mine.splitlines() if line.startswith("|"))
+  one_rank = {(r["n"], r["method"]): r["one_rank_s"] * 1e3 for r in ranks}
+  assert f"{one_rank[66_000_000, 'spardl']:.2f} ms at n = 66M" in page
+  assert f"at 14.7M it\ntakes {one_rank[14_700_000, 'spardl']:.2f} ms" in page
