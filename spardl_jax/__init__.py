@@ -26,6 +26,7 @@ from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
 from spardl_jax.sync.density import DensityRule, density_rule
 from spardl_jax.sync.levels import density_warmup
+from spardl_jax.sync.lookahead import lookahead, lookahead_params
 from spardl_jax.sync.adam import (ScaleByFrozenAdamState, ScaleBySyncedAdamState,
                                   scale_by_frozen_adam, scale_by_synced_adam, synced_adamw)
 from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
@@ -68,6 +69,8 @@ __all__ = (
     "distributed",
     "fold_rules",
     "init_opt_state",
+    "lookahead",
+    "lookahead_params",
     "methods",
     "opt_state_shardings",
     "opt_state_specs",

@@ -158,7 +158,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   * ``dense_leaves``: leaves the sync averages densely every step, outside the method
     (``"vectors"``: biases and norm scales; ``N``: leaves of fewer than N entries);
   * ``delay=1``: each step syncs the gradient of the step before, so the transfer may run
-    during the next step's compute (``sync_gradients``' ``delay``);
+    during the next step's compute (``sync_gradients``' ``delay``); with ``lookahead=1`` the
+    step takes its gradient one step ahead (:func:`spardl_jax.lookahead`);
   * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
     with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop.
 
@@ -223,6 +224,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     outer = optax.sgd(tuning.outer_lr, momentum=tuning.outer_momentum or None,
                       nesterov=bool(tuning.outer_momentum))
     return sj.diloco(clipped(opt), sync, every=tuning.outer, outer=outer)
+  if tuning.lookahead:
+    return sj.lookahead(sync, clipped(opt))
   return clipped(sync, opt)
 
 
@@ -297,6 +300,10 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
   if tuning.ramp and not sj.methods.is_sparse(variant.method):
     raise ValueError(f"ramp (a density warm-up) needs a sparse method with a "
                      f"density; {variant.method!r} has none.")
+  if tuning.lookahead and (not tuning.delay or tuning.synced or tuning.outer):
+    raise ValueError("lookahead (the gradient taken one step ahead) needs delay=1 in the same "
+                     "spec and the optimizer after the sync: not synced= (Adam around the "
+                     "sync, the AdamW recipe's) nor outer=H.")
   return tuning
 
 
@@ -381,8 +388,10 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
 
   # Varying params keep the gradient local (see the module docstring); in an outer loop
   # they are this device's replica.
-  local_params = jax.lax.pcast(sj.replica_params(state.opt_state, state.params), axis_name,
-                               to="varying")
+  # With a look-ahead, the point one step ahead (sj.lookahead_params).
+  point = sj.lookahead_params(tx, state.opt_state,
+                              sj.replica_params(state.opt_state, state.params))
+  local_params = jax.lax.pcast(point, axis_name, to="varying")
   (loss, (metric, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(local_params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)

@@ -287,6 +287,10 @@ def test_every_task_trains(tmp_path, model, dataset, seq_len):
     (["--optimizer", "adamw", "--compare", "spardl:second_moment=sent:momentum=0.9"],
      "second_moment (Adam's v after the warm-up) needs synced=momentum or "
      "synced=preconditioned in the same spec"),
+    (["--compare", "spardl:lookahead=1"], "lookahead (the gradient taken one step ahead) "
+                                          "needs delay=1 in the same spec"),
+    (["--optimizer", "adamw", "--compare", "spardl:delay=1:lookahead=1"],
+     "not synced= (Adam around the sync, the AdamW recipe's) nor outer=H"),
     (["--compare", "spardl:warmup=1:warmup=0"], "warmup given more than once"),
     (["--compare", "spardl:density=0.1:density=0.2"], "density given more than once"),
     (["--compare", "spardl,spardl", "--checkpoint"], "--compare lists 'spardl' more than once"),

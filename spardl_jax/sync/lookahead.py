@@ -1,0 +1,174 @@
+"""Where a step with a delayed sync takes its gradient: one step ahead, at its own estimate.
+
+With ``delay=1`` the gradient a step computes at ``x_t`` is applied one step later, at
+``x_{t+1}``. Stale gradients make momentum SGD unstable at the learning rates it is tuned
+for (docs/design.md, "Delayed sync"): on a quadratic, heavy ball with momentum 0.9 is stable
+up to ``lr * L = 3.8`` without the delay and up to 0.1 with it. The step from ``x_t`` to
+``x_{t+1}`` is the optimizer's update of what the sync is delivering, which is in flight
+while the gradient is computed; but each device can estimate it from what it holds: its
+message of the step before plus its residual, cut to the entries the sync's level keeps
+(what it would deliver if every device held the same). Taking the gradient at
+``x_t + after.update(that estimate)`` puts it where it will be applied whenever the estimate
+is right (exactly for a dense sync and equal gradients), so the step keeps the undelayed
+step's stability; what still lags is the devices' disagreement. The parameters stay
+replicated: the look-ahead is a point each device evaluates its loss at, never stored.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from spardl_jax.core import topk
+from spardl_jax.core.allreduce import axis_size
+from spardl_jax.sync import levels, methods, stages, transform
+from spardl_jax.sync.state import SyncState
+
+__all__ = ["lookahead", "lookahead_params", "predicted_delivery"]
+
+_AFTER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def lookahead(sync: optax.GradientTransformation,
+              *after: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+  """``optax.chain(sync, *after)`` for a delayed ``sync``, whose step takes its gradient
+  ahead (:func:`lookahead_params`).
+
+  Args:
+    sync: a :func:`~spardl_jax.sync_gradients` built with ``delay=1`` on the data axis
+      alone (no ``local_axis``, parameters replicated over every other mesh axis).
+    *after: what follows the sync (the optimizer, and clipping before it if any).
+
+  Returns:
+    The chain; its state is ``(sync state, state of chain(*after))``.
+
+  Example (4 devices; each takes its gradient at its own point, the parameters stay one):
+
+    >>> import jax, jax.numpy as jnp, optax, spardl_jax as sj
+    >>> from jax.sharding import PartitionSpec as P
+    >>> mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
+    >>> tx = sj.lookahead(sj.spardl(axis_name="data", density=0.5, delay=1),
+    ...                   optax.sgd(0.1, momentum=0.9))
+    >>> params = {"w": jnp.zeros(8)}
+    >>> specs = sj.opt_state_specs(tx, params, mesh)
+    >>> def step(params, opt_state, target):
+    ...   point = sj.lookahead_params(tx, opt_state, params)
+    ...   loss = lambda p: jnp.sum((p["w"] - target[0]) ** 2)
+    ...   grads = jax.grad(loss)(jax.lax.pcast(point, "data", to="varying"))
+    ...   updates, opt_state = tx.update(grads, opt_state, params)
+    ...   return optax.apply_updates(params, updates), opt_state, point["w"][None]
+    >>> step = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), specs, P("data")),
+    ...                              out_specs=(P(), specs, P("data")), check_vma=False))
+    >>> opt_state = sj.init_opt_state(tx, params, mesh)
+    >>> target = jax.device_put(jnp.arange(4.0)[:, None] * jnp.ones((4, 8)),
+    ...                         jax.NamedSharding(mesh, P("data")))
+    >>> for _ in range(3):
+    ...   params, opt_state, points = step(params, opt_state, target)
+    >>> points.shape  # step 3's point on each device: ahead by its own held gradient
+    (4, 8)
+    >>> import numpy as np
+    >>> bool(np.all(np.asarray(points)[0] != np.asarray(points)[3]))
+    True
+
+  """
+  options = transform.built_with(sync)
+  if options is None or not options.delay:
+    raise ValueError("lookahead: sync must be a sync_gradients(..., delay=1); the gradient of "
+                     "an undelayed sync is applied where it was taken, so there is nothing "
+                     "to look ahead to.")
+  if options.local_axis is not None:
+    raise ValueError(f"lookahead: a sync with local_axis={options.local_axis!r} holds its "
+                     f"host's mean, not this device's gradient; use it without lookahead.")
+  if not after:
+    raise ValueError("lookahead: give the transformations after the sync (the optimizer); "
+                     "the look-ahead is their update of the held message.")
+  rest = optax.chain(*after)
+  tx = optax.chain(sync, rest)
+  _AFTER[tx.update] = (sync, rest)
+  return tx
+
+
+def lookahead_params(tx: optax.GradientTransformation, opt_state, params):
+  """The point this device takes its gradient at: ``params`` plus what ``tx``'s
+  optimizer would do with this device's estimate of the sync's next delivery
+  (:func:`predicted_delivery`), inside the data-parallel ``shard_map``; ``params`` unchanged
+  where ``tx`` is no :func:`lookahead`.
+
+  Nothing is stored and no collective runs: the update is taken from the current state and
+  dropped. Before the first message is held the estimate is zero (momentum alone moves the
+  point). The estimate costs one selection over the method's vector a step (on a sparse
+  level), as the sync's own does.
+  """
+  found = _AFTER.get(tx.update)
+  if found is None:
+    return params
+  sync, rest = found
+  sync_state, rest_state = opt_state
+  step, _ = rest.update(predicted_delivery(sync, sync_state, params), rest_state, params)
+  return optax.apply_updates(params, step)
+
+
+def predicted_delivery(sync: optax.GradientTransformation, state: SyncState, params):
+  """This device's estimate of what its delayed ``sync`` delivers at the next update, as a
+  tree like ``params`` (zeros for non-float leaves and before any message is held), inside
+  the data-parallel ``shard_map``.
+
+  On the method's vector: the held message plus the method's residual where it keeps one
+  (``(1, n)``), and for a sparse level the entries of the largest magnitudes only, as many
+  as the level's density keeps (``max(1, round(density * n))``; ties kept) — the level the
+  count of syncs selects, as the sync will. The dense leaves (``dense_leaves``) are their
+  held values. A non-sparse level (the dense warm-up, ``dense``, PowerSGD) keeps every
+  entry.
+  """
+  options = transform.built_with(sync)
+  pending = state.pending if isinstance(state, SyncState) else None
+  if options is None or not options.delay or pending is None:
+    raise ValueError("predicted_delivery: sync must be a sync_gradients(..., delay=1) and "
+                     "state its SyncState.")
+  leaves, treedef = jax.tree.flatten(params)
+  floats, _ = stages._float_leaves(params)
+  dense = stages._dense_mask(options, floats)
+  layout = stages.flat_layout(options, params, floats, None, None, dense)
+  kept = [x for x, d in zip(floats, dense) if d]
+  vec, kept = stages.unpack(pending.message[0], layout.n, kept)
+  method_leaves = stages._method_leaves(floats, dense)
+  vec = _kept_by_the_level(options, state, vec, [x.shape for x in method_leaves])
+  sparse = iter(layout.unflatten(vec, method_leaves))
+  kept, flags, held = iter(kept), iter(dense), pending.held[0]
+  out = []
+  for x in leaves:
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      out.append(jnp.zeros_like(x))
+      continue
+    value = next(kept) if next(flags) else next(sparse)
+    out.append(jnp.where(held, value.astype(x.dtype).reshape(x.shape), jnp.zeros_like(x)))
+  return jax.tree.unflatten(treedef, out)
+
+
+def _kept_by_the_level(options, state: SyncState, vec, shapes):
+  """``vec`` plus the residual, cut to the entries the next sync's level keeps."""
+  residual = getattr(state.method_state, "residual", None)
+  if residual is not None and residual.shape == (1, *vec.shape):
+    vec = vec + residual[0].astype(vec.dtype)
+  p = axis_size(options.axis_name, who="lookahead_params")
+  bound = levels.bind(list(options.levels), shapes, p)
+
+  def cut(level):
+    if level.dense or not methods.is_sparse(level.allreduce.name) or level.density >= 1:
+      return lambda v: v
+    k = max(1, round(level.density * vec.size))
+
+    def largest(v):
+      keys = topk.keys(v)
+      return jnp.where(keys >= topk.kth_largest(keys[None], k)[0], v, jnp.zeros_like(v))
+    return largest
+
+  if len(bound) == 1:
+    return cut(bound[0])(vec)
+  starts = np.array([level.start for level in bound])
+  index = (jnp.sum(state.count[0] >= starts) - 1).astype(jnp.int32)
+  return jax.lax.switch(index, [cut(level) for level in bound], vec)

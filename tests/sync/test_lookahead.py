@@ -1,0 +1,139 @@
+"""The look-ahead of a delayed sync (``sj.lookahead``): the point each device takes its
+gradient at against a NumPy model (heavy ball on its estimate of the next delivery), the
+delayed and looked-ahead run on a quadratic against the undelayed NumPy run one step later,
+nothing stored, and bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import spardl_jax as sj
+from tests import harness
+
+AXIS = harness.AXIS
+LR, M = 0.1, 0.9
+
+
+def run(tx, p, params, data, loss, steps):
+  """``steps`` train steps on P devices (device i's batch is ``data[i]``): each step's
+  parameters after it and every device's look-ahead point before it."""
+  mesh = harness.mesh(p)
+  specs = sj.opt_state_specs(tx, params, mesh)
+
+  def step(params, state, batch):
+    point = sj.lookahead_params(tx, state, params)
+    grads = jax.grad(loss)(jax.lax.pcast(point, AXIS, to="varying"), batch[0])
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, jax.tree.map(lambda a: a[None], point)
+
+  f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), specs, P(AXIS)),
+                            out_specs=(P(), specs, P(AXIS)), check_vma=False))
+  state = sj.init_opt_state(tx, params, mesh)
+  batch = harness.put_rows(p, jnp.asarray(data))
+  for _ in range(steps):
+    before = params
+    params, state, points = f(params, state, batch)
+    yield jax.tree.map(np.asarray, before), jax.tree.map(np.asarray, points), params
+
+
+def quadratic(params, batch):
+  """0.5 (w - c)^T A (w - c) with this device's (A, c) in ``batch`` (rows: A, then c)."""
+  a, c = batch[:-1], batch[-1]
+  d = params["w"] - c
+  return 0.5 * d @ a @ d
+
+
+def problem(rng, p, n, same):
+  """P devices' (A, c) stacked as (P, n + 1, n): A symmetric positive definite with
+  eigenvalues up to 9 (lr * L = 0.9 with heavy ball's m = 0.9 is stable undelayed, unstable
+  delayed); the same for every device when ``same``."""
+  def one():
+    q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    a = (q * np.linspace(0.5, 9.0, n)) @ q.T
+    return np.vstack([a, rng.normal(size=(1, n))]).astype(np.float32)
+  first = one()
+  return np.stack([first if same else one() for _ in range(p)])
+
+
+def test_delayed_and_looked_ahead_is_the_undelayed_run_one_step_later():
+  """Every device the same quadratic, a dense sync: the look-ahead point is exactly where the
+  held gradient is applied, so the run is NumPy's undelayed heavy ball one step later (step 0
+  moves nothing); without the look-ahead the same rate diverges."""
+  p, n, steps = 4, 6, 40
+  data = problem(np.random.default_rng(0), p, n, same=True)
+  a, c = data[0, :-1].astype(np.float64), data[0, -1].astype(np.float64)
+  x, v, want = np.zeros(n), np.zeros(n), []
+  for _ in range(steps):
+    want.append(x.copy())
+    v = M * v + a @ (x - c)
+    x = x - LR * v
+  sync = sj.sync_gradients("dense", delay=1)
+  tx = sj.lookahead(sync, optax.sgd(LR, momentum=M))
+  got = [after["w"] for _, _, after in run(tx, p, {"w": jnp.zeros(n)}, data, quadratic, steps)]
+  np.testing.assert_allclose(got[0], 0)
+  for t in range(1, steps):
+    np.testing.assert_allclose(got[t], want[t], rtol=1e-4, atol=1e-4 * np.abs(want[t]).max())
+  plain = optax.chain(sync, optax.sgd(LR, momentum=M))
+  stale = [after["w"] for _, _, after in run(plain, p, {"w": jnp.zeros(n)}, data, quadratic,
+                                              steps)]
+  assert np.abs(stale[-1]).max() > 100 * np.abs(c).max()  # unstable without the look-ahead
+
+
+def largest(v, k):
+  """``v`` with all but its ``k`` entries of the largest magnitude zeroed."""
+  out = np.zeros_like(v)
+  keep = np.argsort(-np.abs(v), kind="stable")[:k]
+  out[keep] = v[keep]
+  return out
+
+
+def test_each_device_looks_ahead_on_its_own_estimate_and_nothing_is_stored():
+  """Devices with different quadratics, SparDL at 30 % of n = 6: device i's point is
+  ``params - lr (m v + e_i)`` with ``v`` the optimizer's velocity and ``e_i`` its gradient
+  of the step before plus its residual (zero at step 0), cut to its 2 (= round(0.3 n))
+  largest entries where the sync it goes to is sparse (after the two syncs of the dense
+  warm-up); the parameters stay replicated and are the plain delayed chain's when it is fed
+  the same gradients."""
+  p, n, steps, warmup = 4, 6, 6, 2
+  data = problem(np.random.default_rng(1), p, n, same=False)
+  sync = dict(density=0.3, delay=1, warmup_steps=warmup)
+  tx = sj.lookahead(sj.spardl(**sync), optax.sgd(LR, momentum=M))
+  v, last_grads = np.zeros(n), np.zeros((p, n))
+  params = {"w": jnp.zeros(n)}
+  plain = optax.chain(sj.spardl(**sync), optax.sgd(LR, momentum=M))
+  plain_state = sj.init_opt_state(plain, params, harness.mesh(p))
+  plain_update = harness.update_fn(plain, p, params)
+  for t, (before, points, after) in enumerate(run(tx, p, params, data, quadratic, steps)):
+    x = before["w"].astype(np.float64)
+    residuals = np.asarray(plain_state[0].method_state.residual, np.float64)
+    estimate = last_grads + residuals
+    if t - 1 >= warmup:  # the held message goes to sync t - 1, a sparse one
+      estimate = np.stack([largest(e, 2) for e in estimate])
+    np.testing.assert_allclose(points["w"], x - LR * (M * v + estimate), rtol=1e-5, atol=1e-5)
+    grads = np.stack([data[i, :-1] @ (points["w"][i] - data[i, -1]) for i in range(p)])
+    updates, plain_state = plain_update(harness.put_rows(p, {"w": jnp.asarray(grads)}),
+                                        plain_state)
+    np.testing.assert_allclose(after["w"], x + np.asarray(updates["w"]), rtol=1e-5, atol=1e-6)
+    v = (x - after["w"]) / LR  # sgd: params -= lr * v_new
+    last_grads = grads
+
+
+def test_lookahead_params_leaves_other_transformations_alone():
+  params = {"w": jnp.ones(3)}
+  tx = optax.chain(sj.spardl(delay=1), optax.sgd(LR))
+  assert sj.lookahead_params(tx, None, params) is params
+
+
+@pytest.mark.parametrize("build,match", [
+    (lambda: sj.lookahead(sj.spardl(), optax.sgd(LR)), "delay=1"),
+    (lambda: sj.lookahead(optax.sgd(LR), optax.sgd(LR)), "delay=1"),
+    (lambda: sj.lookahead(sj.spardl(delay=1)), "transformations after the sync"),
+    (lambda: sj.lookahead(sj.spardl(delay=1, axis_name="host", local_axis="local"),
+                          optax.sgd(LR)), "local_axis"),
+])
+def test_bad_input(build, match):
+  with pytest.raises(ValueError, match=match):
+    build()
