@@ -158,8 +158,9 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   * ``dense_leaves``: leaves the sync averages densely every step, outside the method
     (``"vectors"``: biases and norm scales; ``N``: leaves of fewer than N entries);
   * ``delay=1``: each step syncs the gradient of the step before, so the transfer may run
-    during the next step's compute (``sync_gradients``' ``delay``); with ``lookahead=1`` the
-    step takes its gradient one step ahead (:func:`spardl_jax.lookahead`);
+    during the next step's compute (``sync_gradients``' ``delay``); with ``lookahead=F`` the
+    step takes its gradient ahead, by the fraction F of each device's estimate of the sync
+    in flight (:func:`spardl_jax.lookahead`'s ``scale``);
   * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
     with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop.
 
@@ -225,7 +226,7 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
                       nesterov=bool(tuning.outer_momentum))
     return sj.diloco(clipped(opt), sync, every=tuning.outer, outer=outer)
   if tuning.lookahead:
-    return sj.lookahead(sync, clipped(opt))
+    return sj.lookahead(sync, clipped(opt), scale=tuning.lookahead)
   return clipped(sync, opt)
 
 

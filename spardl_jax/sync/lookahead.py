@@ -33,8 +33,8 @@ __all__ = ["lookahead", "lookahead_params", "predicted_delivery"]
 _AFTER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def lookahead(sync: optax.GradientTransformation,
-              *after: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+def lookahead(sync: optax.GradientTransformation, *after: optax.GradientTransformation,
+              scale: float = 1.0) -> optax.GradientTransformationExtraArgs:
   """``optax.chain(sync, *after)`` for a delayed ``sync``, whose step takes its gradient
   ahead (:func:`lookahead_params`).
 
@@ -42,6 +42,10 @@ def lookahead(sync: optax.GradientTransformation,
     sync: a :func:`~spardl_jax.sync_gradients` built with ``delay=1`` on the data axis
       alone (no ``local_axis``, parameters replicated over every other mesh axis).
     *after: what follows the sync (the optimizer, and clipping before it if any).
+    scale: the fraction of the estimate to look ahead by, in [0, 1]: 1 where each device's
+      estimate is close to the mean (it is exact for equal gradients and a dense sync); less
+      where one device's gradient is a noisy sample of the step's (a few examples a device),
+      whose estimate overshoots; 0 is the plain delayed chain.
 
   Returns:
     The chain; its state is ``(sync state, state of chain(*after))``.
@@ -86,16 +90,18 @@ def lookahead(sync: optax.GradientTransformation,
   if not after:
     raise ValueError("lookahead: give the transformations after the sync (the optimizer); "
                      "the look-ahead is their update of the held message.")
+  if not 0 <= scale <= 1:
+    raise ValueError(f"lookahead: scale must be in [0, 1], got {scale!r}.")
   rest = optax.chain(*after)
   tx = optax.chain(sync, rest)
-  _AFTER[tx.update] = (sync, rest)
+  _AFTER[tx.update] = (sync, rest, float(scale))
   return tx
 
 
 def lookahead_params(tx: optax.GradientTransformation, opt_state, params):
   """The point this device takes its gradient at: ``params`` plus what ``tx``'s
   optimizer would do with this device's estimate of the sync's next delivery
-  (:func:`predicted_delivery`), inside the data-parallel ``shard_map``; ``params`` unchanged
+  (:func:`predicted_delivery`, times the look-ahead's ``scale``), inside the data-parallel ``shard_map``; ``params`` unchanged
   where ``tx`` is no :func:`lookahead`.
 
   Nothing is stored and no collective runs: the update is taken from the current state and
@@ -106,9 +112,11 @@ def lookahead_params(tx: optax.GradientTransformation, opt_state, params):
   found = _AFTER.get(tx.update)
   if found is None:
     return params
-  sync, rest = found
+  sync, rest, scale = found
   sync_state, rest_state = opt_state
-  step, _ = rest.update(predicted_delivery(sync, sync_state, params), rest_state, params)
+  estimate = jax.tree.map(lambda e: e * jnp.asarray(scale, e.dtype),
+                          predicted_delivery(sync, sync_state, params))
+  step, _ = rest.update(estimate, rest_state, params)
   return optax.apply_updates(params, step)
 
 

@@ -91,8 +91,9 @@ def largest(v, k):
 
 
 def test_each_device_looks_ahead_on_its_own_estimate_and_nothing_is_stored():
-  """Devices with different quadratics, SparDL at 30 % of n = 6: device i's point is
-  ``params - lr (m v + e_i)`` with ``v`` the optimizer's velocity and ``e_i`` its gradient
+  """Devices with different quadratics, SparDL at 30 % of n = 6, looking ahead by half:
+  device i's point is ``params - lr (m v + e_i / 2)`` with ``v`` the optimizer's velocity and
+  ``e_i`` its gradient
   of the step before plus its residual (zero at step 0), cut to its 2 (= round(0.3 n))
   largest entries where the sync it goes to is sparse (after the two syncs of the dense
   warm-up); the parameters stay replicated and are the plain delayed chain's when it is fed
@@ -100,7 +101,7 @@ def test_each_device_looks_ahead_on_its_own_estimate_and_nothing_is_stored():
   p, n, steps, warmup = 4, 6, 6, 2
   data = problem(np.random.default_rng(1), p, n, same=False)
   sync = dict(density=0.3, delay=1, warmup_steps=warmup)
-  tx = sj.lookahead(sj.spardl(**sync), optax.sgd(LR, momentum=M))
+  tx = sj.lookahead(sj.spardl(**sync), optax.sgd(LR, momentum=M), scale=0.5)
   v, last_grads = np.zeros(n), np.zeros((p, n))
   params = {"w": jnp.zeros(n)}
   plain = optax.chain(sj.spardl(**sync), optax.sgd(LR, momentum=M))
@@ -112,7 +113,8 @@ def test_each_device_looks_ahead_on_its_own_estimate_and_nothing_is_stored():
     estimate = last_grads + residuals
     if t - 1 >= warmup:  # the held message goes to sync t - 1, a sparse one
       estimate = np.stack([largest(e, 2) for e in estimate])
-    np.testing.assert_allclose(points["w"], x - LR * (M * v + estimate), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(points["w"], x - LR * (M * v + 0.5 * estimate), rtol=1e-5,
+                               atol=1e-5)
     grads = np.stack([data[i, :-1] @ (points["w"][i] - data[i, -1]) for i in range(p)])
     updates, plain_state = plain_update(harness.put_rows(p, {"w": jnp.asarray(grads)}),
                                         plain_state)
@@ -131,6 +133,8 @@ def test_lookahead_params_leaves_other_transformations_alone():
     (lambda: sj.lookahead(sj.spardl(), optax.sgd(LR)), "delay=1"),
     (lambda: sj.lookahead(optax.sgd(LR), optax.sgd(LR)), "delay=1"),
     (lambda: sj.lookahead(sj.spardl(delay=1)), "transformations after the sync"),
+    (lambda: sj.lookahead(sj.spardl(delay=1), optax.sgd(LR), scale=1.5),
+     r"scale must be in \[0, 1\], got 1.5"),
     (lambda: sj.lookahead(sj.spardl(delay=1, axis_name="host", local_axis="local"),
                           optax.sgd(LR)), "local_axis"),
 ])
