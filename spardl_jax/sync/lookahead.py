@@ -20,7 +20,6 @@ import weakref
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from spardl_jax.core import topk
@@ -145,16 +144,11 @@ def predicted_delivery(sync: optax.GradientTransformation, state: SyncState, par
   vec, kept = stages.unpack(pending.message[0], layout.n, kept)
   method_leaves = stages._method_leaves(floats, dense)
   vec = _kept_by_the_level(options, state, vec, [x.shape for x in method_leaves])
-  sparse = iter(layout.unflatten(vec, method_leaves))
-  kept, flags, held = iter(kept), iter(dense), pending.held[0]
-  out = []
-  for x in leaves:
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-      out.append(jnp.zeros_like(x))
-      continue
-    value = next(kept) if next(flags) else next(sparse)
-    out.append(jnp.where(held, value.astype(x.dtype).reshape(x.shape), jnp.zeros_like(x)))
-  return jax.tree.unflatten(treedef, out)
+  estimate = stages.merge_float_leaves(dense, layout.unflatten(vec, method_leaves), kept)
+  held = pending.held[0]
+  estimate = [jnp.where(held, e.astype(x.dtype).reshape(x.shape), jnp.zeros_like(x))
+              for e, x in zip(estimate, floats)]
+  return stages.with_float_leaves(treedef, leaves, estimate, other=jnp.zeros_like)
 
 
 def _kept_by_the_level(options, state: SyncState, vec, shapes):
@@ -177,6 +171,5 @@ def _kept_by_the_level(options, state: SyncState, vec, shapes):
 
   if len(bound) == 1:
     return cut(bound[0])(vec)
-  starts = np.array([level.start for level in bound])
-  index = (jnp.sum(state.count[0] >= starts) - 1).astype(jnp.int32)
-  return jax.lax.switch(index, [cut(level) for level in bound], vec)
+  return jax.lax.switch(stages.level_index(bound, state.count[0]),
+                        [cut(level) for level in bound], vec)

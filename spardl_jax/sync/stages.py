@@ -48,7 +48,8 @@ from spardl_jax.sync.state import LeafShapes, Pending, SyncState, SyncStats
 
 __all__ = ['SyncOptions', 'init', 'update', 'init_local', 'update_local', 'check_state',
            'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats',
-           'UNORDERED_COLLECTIVES', 'waits_for_gradient', 'message_size', 'unpack', 'hold']
+           'level_index', 'merge_float_leaves', 'with_float_leaves', 'UNORDERED_COLLECTIVES',
+           'waits_for_gradient', 'message_size', 'unpack', 'hold']
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -370,6 +371,13 @@ def _run_one(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, ax
   return y, local, jnp.asarray(bytes_sent, jnp.float32), jnp.asarray(h, jnp.int32)
 
 
+def level_index(levels_, count) -> jax.Array:
+  """The index of the level (of the sequence ``levels_``, ascending starts) that sync
+  ``count`` runs."""
+  starts = np.array([level.start for level in levels_])
+  return (jnp.sum(count >= starts) - 1).astype(jnp.int32)
+
+
 def run_level(options: SyncOptions, trace: Trace, x, local, count):
   """Stage 3: the level of sync ``count`` runs (``lax.switch`` among compiled levels):
   ``(y, new_local, bytes_sent, h, level index, local as the level saw it)``."""
@@ -379,7 +387,7 @@ def run_level(options: SyncOptions, trace: Trace, x, local, count):
   if len(trace.levels) == 1:
     return (*run(trace.levels[0], x, local), jnp.zeros((), jnp.int32), local)
   starts = np.array([level.start for level in trace.levels])
-  index = (jnp.sum(count >= starts) - 1).astype(jnp.int32)
+  index = level_index(trace.levels, count)
   # Entering a sparse level restarts the method's other state for its size; the residual
   # (delivered or still owed mass) carries over.
   entering = jnp.isin(count, starts[1:])
@@ -472,17 +480,29 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None,
   if means:  # the dense leaves' entries count among those the sync delivered
     new_state = new_state._replace(stats=new_state.stats._replace(
         selected=new_state.stats.selected + sum(jnp.count_nonzero(m) for m in means)))
-  sparse_out = iter(layout.unflatten(y, sparse))
-  dense_out = iter(flat_vector.split(means[0], kept) if means else [])
-  synced = [next(dense_out) if d else next(sparse_out) for d in dense]
+  synced = merge_float_leaves(dense, layout.unflatten(y, sparse),
+                              flat_vector.split(means[0], kept) if means else [])
   if options.delay:
     synced, new_state = hold(layout, floats, dense, synced, state, new_state, next_message)
   elif next_message is not None:
     raise ValueError("sync_gradients: update got next_message, which only a delayed sync "
                      "takes (delay=1).")
-  out = iter(synced)
-  return (jax.tree.unflatten(treedef, [next(out) if jnp.issubdtype(x.dtype, jnp.floating)
-                                       else x for x in leaves]), new_state)
+  return with_float_leaves(treedef, leaves, synced), new_state
+
+
+def merge_float_leaves(dense: list[bool], method_leaves, dense_leaves) -> list:
+  """The float leaves in their order, from the method's and the dense ones (``dense`` marks
+  which each is)."""
+  from_method, from_dense = iter(method_leaves), iter(dense_leaves)
+  return [next(from_dense) if d else next(from_method) for d in dense]
+
+
+def with_float_leaves(treedef, leaves, floats, other=lambda x: x):
+  """The tree of ``leaves`` with its float leaves replaced by ``floats`` (in order) and
+  every other leaf by ``other(leaf)``."""
+  out = iter(floats)
+  return jax.tree.unflatten(treedef, [next(out) if jnp.issubdtype(x.dtype, jnp.floating)
+                                      else other(x) for x in leaves])
 
 
 # Runtimes that may start a step's independent collectives in a different order on each

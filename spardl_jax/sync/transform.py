@@ -92,10 +92,10 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
   gradient per device, counted in the conservation below and folded to the devices' mean on
   a restore); a non-finite gradient is skipped one step later, as the undelayed sync would
   have skipped it. Any method takes it, with every option above. **The stale update needs a
-  smaller step**: the largest stable learning rate of momentum SGD on a quadratic falls
-  about 75× at ``m = 0.9``, 11× at ``m = 0.5`` and 3× without momentum (``docs/design.md``,
-  "Delayed sync", which also says where it pays); retune the learning rate and momentum with
-  it.
+  smaller step**: the largest stable learning rate of momentum SGD on a quadratic falls 38×
+  at ``m = 0.9``, 6× at ``m = 0.5`` and 2× without momentum (``docs/design.md``, "Delayed
+  sync", which also says where it pays); retune the learning rate and momentum with it, or
+  take the gradient one step ahead (:func:`spardl_jax.lookahead`).
 
   Whatever is accumulated, the bookkeeping stays exact (for SparDL with global residuals):
   ``sum(new residuals) + P * y == sum(u (or g) + beta * old residuals)`` up to float
