@@ -1,6 +1,7 @@
 """Runs spardl_allreduce on P simulated devices and brings the per-device results home."""
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,22 @@ import spardl_jax as sj
 from spardl_jax.parallel.rows import shard_rows
 
 AXIS = "data"
+
+# The suite runs a covering set of each large parameter grid: every code path, every row of
+# the cost table and every option once, in under five minutes on two cores. With
+# SPARDL_JAX_FULL_TESTS=1 every grid runs whole (about twice the time): before a release, or
+# after a change to the schedule, the selection or the wire formats.
+FULL = os.environ.get("SPARDL_JAX_FULL_TESTS") == "1"
+
+
+def grid(every, quick):
+  """The parameter cases of a test: ``every`` case with SPARDL_JAX_FULL_TESTS=1, else
+  ``quick``, a subset of them chosen to cover each path (checked here)."""
+  every, quick = list(every), list(quick)
+  missing = [case for case in quick if case not in every]
+  if missing:
+    raise ValueError(f"grid: quick cases {missing} are not in the full grid")
+  return every if FULL else quick
 
 
 def mesh(p):

@@ -12,10 +12,14 @@ from tests import formulas, harness, reference
 
 WORKERS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]  # every traffic case of the cost table's d = 1 row
 DENSITIES = [1.0, 0.3, 0.01]
+# Every P at 1 % (every traffic case); 30 % and density 1 (every block whole) at P of each
+# kind: a power of two, an odd P, a P = 2^k * odd.
+CASES = harness.grid([(p, d) for p in WORKERS for d in DENSITIES],
+                     [(p, 0.01) for p in WORKERS] + [(3, 0.3), (8, 0.3), (12, 0.3),
+                                                     (2, 1.0), (5, 1.0), (12, 1.0)])
 
 
-@pytest.mark.parametrize("density", DENSITIES)
-@pytest.mark.parametrize("p", WORKERS)
+@pytest.mark.parametrize("p,density", CASES)
 def test_matches_numpy_model_and_the_cost_table(p, density):
   """Three iterations fed back, against the NumPy model: bit-identical on every device,
   conserving mass; and the compiled program's traffic is the cost table's (one

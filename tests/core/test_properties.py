@@ -28,7 +28,7 @@ def cases(draw):
   return xs.astype(np.float32), rs.astype(np.float32), density
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25 if harness.FULL else 10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_random_cases_match_model_and_conserve_mass(case):
   xs, rs, density = case

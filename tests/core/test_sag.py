@@ -42,7 +42,9 @@ def assert_traffic(p, d, n, sag, h=None):
   assert not hlo.others
 
 
-@pytest.mark.parametrize("p,d", [(4, 2), (8, 2), (8, 4), (12, 2), (16, 4), (16, 8)])
+@pytest.mark.parametrize("p,d", harness.grid(
+    [(4, 2), (8, 2), (8, 4), (12, 2), (16, 4), (16, 8)],
+    [(4, 2), (12, 2), (16, 8)]))  # two teams of 2 and of 6 (not a power of two), eight of 2
 def test_recursive_sag_matches_numpy_model(p, d):
   n = 1237
   for xs, rs, ys, state in run_steps(p, d, "recursive", n, 3, seed=p + d):
@@ -55,7 +57,9 @@ def test_recursive_sag_matches_numpy_model(p, d):
   assert_traffic(p, d, n, "recursive")
 
 
-@pytest.mark.parametrize("p,d", [(6, 3), (12, 3), (14, 7), (10, 5), (15, 5)])
+@pytest.mark.parametrize("p,d", harness.grid(
+    [(6, 3), (12, 3), (14, 7), (10, 5), (15, 5)],
+    [(6, 3), (14, 7), (15, 5)]))  # 3, 7 and 5 teams (B-SAG's odd counts) of 2 and 3
 def test_bruck_sag_invariants_model_and_traffic(p, d):
   n = 201  # a small kb keeps the ladder (one compiled branch per h size) short
   used = set()

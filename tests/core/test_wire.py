@@ -31,6 +31,11 @@ CASES = [(*case, "compact") for case in CASES] + [
     (12, 3, "bruck", 1237, 0.01, "int4"),
     (8, 2, "recursive", 5003, 0.3, "int2"),
 ]
+# The compact wire's cases of the same shape as a quantized one (the same blocks, segments and
+# SAG; only the value format differs) run with SPARDL_JAX_FULL_TESTS=1.
+CASES = harness.grid(CASES, [case for case in CASES if case not in (
+    (5, 1, "recursive", 1237, 0.01, "compact"), (4, 2, "recursive", 200_003, 0.01, "compact"),
+    (12, 3, "bruck", 1237, 0.01, "compact"))])
 
 
 @pytest.mark.parametrize("p,d,sag,n,density,wire", CASES)

@@ -161,7 +161,11 @@ OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("name,p", [(name, 8) for name in OPTIONS] + [("all", 5)])
+# Every option together at two P, and the two that change what the residual accumulates
+# alone (each option alone with SPARDL_JAX_FULL_TESTS=1; each is held to the model above).
+@pytest.mark.parametrize("name,p", harness.grid(
+    [(name, 8) for name in OPTIONS] + [("all", 5)],
+    [("all", 8), ("all", 5), ("schedule", 8), ("momentum, no masking", 8)]))
 def test_conservation_with_each_option(name, p):
   """sum(new residuals) + P y == sum(accumulated + decayed old residuals), the accumulated
   being the clipped gradient or the velocity before masking (from the model,

@@ -180,8 +180,10 @@ def test_errors_are_clear():
                   check_vma=False)({"w": jnp.zeros(3)})
 
 
-# SparDL on every P of the conservation set (tests/core/test_allreduce.py), teams 1 to 4.
-NONFINITE_CASES = [("spardl", p, {"density": 0.1}) for p in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)] + [
+# SparDL on one, an odd, a power-of-two and a 2^k * odd P (every P of tests/core/
+# test_allreduce.py with SPARDL_JAX_FULL_TESTS=1), teams 1 to 4; each other method once.
+NONFINITE_CASES = [("spardl", p, {"density": 0.1})
+                   for p in harness.grid((1, 2, 3, 4, 5, 6, 7, 8, 12, 16), (1, 3, 8, 12))] + [
     ("spardl", 8, {"density": 0.1, "teams": 2}), ("spardl", 8, {"density": 0.1, "teams": 4}),
     ("spardl", 6, {"density": 0.1, "teams": 3}), ("dense", 4, {}), ("dense_bf16", 4, {}),
     ("topka", 4, {"density": 0.1}), ("topkdsa", 4, {"density": 0.1}),
