@@ -47,7 +47,7 @@ import numpy as np
 
 from benchmarks import runs
 from benchmarks.cli import SEEDS, fraction
-from spardl_jax.core.config import WIRE_FORMATS
+import spardl_jax as sj
 from train.config import (NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, RECIPES,
                           TrainConfig, Tuning, Variant, recipe_tuning)
 
@@ -219,7 +219,7 @@ def _parse_args(argv):
   p.add_argument("--outer-momentum", type=NON_NEGATIVE_FLOAT, default=OUTER.outer_momentum)
   p.add_argument("--outer-density", type=POSITIVE_FLOAT, default=OUTER_DENSITY,
                  help="the SparDL outer sync's density (default %(default)s)")
-  p.add_argument("--outer-wire", default=OUTER_WIRE, choices=WIRE_FORMATS,
+  p.add_argument("--outer-wire", default=OUTER_WIRE, choices=sj.options.WIRE_FORMATS,
                  help="the SparDL outer sync's wire (default %(default)s)")
   p.add_argument("--seeds", type=SEEDS, default=[0, 1], help="comma list of seeds")
   p.add_argument("--devices", type=POSITIVE_INT, default=8,

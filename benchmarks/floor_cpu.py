@@ -32,15 +32,15 @@ def main(argv=None) -> int:
   import numpy as np
   from jax.sharding import PartitionSpec as P
 
-  from spardl_jax.parallel.rows import shard_rows
-  from spardl_jax.sync import methods
+  from spardl_jax import distributed
+  from spardl_jax import methods
 
   p, n = args.devices, args.n
   mesh = jax.make_mesh((p,), ("data",), devices=jax.devices()[:p],
                        axis_types=(jax.sharding.AxisType.Explicit,))
   rng = np.random.default_rng(0)
-  x = shard_rows(rng.standard_normal((p, n)).astype(np.float32), mesh)
-  r = shard_rows(rng.standard_normal((p, n)).astype(np.float32), mesh)
+  x = distributed.shard_rows(rng.standard_normal((p, n)).astype(np.float32), mesh)
+  r = distributed.shard_rows(rng.standard_normal((p, n)).astype(np.float32), mesh)
   ring = [(i, (i + 1) % p) for i in range(p)]
   message = max(1, n // 100)
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     name, options = methods.parse(spec, density=0.01)
     method = methods.make(name, p=p, **options)
     sync = methods.sharded(method, mesh)
-    states[spec] = shard_rows(methods.init_rows(method, p, n), mesh)
+    states[spec] = distributed.shard_rows(methods.init_rows(method, p, n), mesh)
 
     def call(x, r, spec=spec, sync=sync):
       y, states[spec] = sync(x, states[spec])  # the state fed back, as in training

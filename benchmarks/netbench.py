@@ -150,7 +150,7 @@ def run_job(command: list[str], out: str, *, processes: int, timeout: float,
   """``command`` (a worker that writes its results to ``out`` as JSON) as one job of
   ``processes`` ranks, one per namespace (or on this host's loopback); returns what it
   wrote."""
-  from spardl_jax.parallel import launch
+  from spardl_jax import launch
 
   if launch.launch(command, processes=processes, timeout=timeout,
                    **launch_where(namespaces)):
@@ -185,24 +185,23 @@ def run_workers(namespaces, args, rate: str) -> dict:
 
 def worker(args) -> int:
   """One rank: time every method, interleaved, and (rank 0) write the medians."""
-  from spardl_jax.parallel import distributed
+  from spardl_jax import distributed
   distributed.initialize()
   import jax
   import numpy as np
 
-  from spardl_jax.sync import methods
-  from spardl_jax.parallel.rows import shard_rows
+  from spardl_jax import methods
 
   p = jax.device_count()
   mesh = jax.make_mesh((p,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
 
   xs = np.random.default_rng(0).standard_normal((p, args.n)).astype(np.float32)
-  x = shard_rows(xs, mesh)
+  x = distributed.shard_rows(xs, mesh)
   runs, sent = {}, {}
   for text in args.methods:
     name, options = methods.parse(text, density=args.density)
     method = methods.make(name, p=p, **options)
-    state = shard_rows(methods.init_rows(method, p, args.n), mesh)
+    state = distributed.shard_rows(methods.init_rows(method, p, args.n), mesh)
     fn = methods.sharded(method, mesh)
     _, state = jax.block_until_ready(fn(x, state))  # compile and warm up (step 0)
     runs[text] = [fn, state]

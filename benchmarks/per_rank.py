@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax.sync import methods
+from spardl_jax import methods
 
 __all__ = ['COLLECTIVES', 'batched', 'one_rank', 'measure', 'main']
 

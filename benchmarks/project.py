@@ -35,8 +35,7 @@ import sys
 from typing import NamedTuple
 
 from benchmarks.netbench import SHAPER, rate_bits
-from spardl_jax.core import cost as cost_model
-from spardl_jax.core.config import ETHERNET_10G, INFINIBAND_100G
+from spardl_jax import cost as cost_model
 
 __all__ = ['Link', 'LINKS', 'OLD_TBF_BURST', 'sync_seconds', 'step_seconds', 'project', 'validate',
            'per_step', 'plot_against_p', 'main']
@@ -54,11 +53,11 @@ class Link(NamedTuple):
 # Ethernet's latency per round is the library's 10 GbE figure at every rate (the cost model's
 # defaults, core/config.py); InfiniBand's is its own.
 LINKS = {
-    "100mbit": Link(ETHERNET_10G["alpha"], 8 / 100e6),
-    "1gbe": Link(ETHERNET_10G["alpha"], 8 / 1e9),
-    "10gbe": Link(ETHERNET_10G["alpha"], ETHERNET_10G["beta"]),
-    "25gbe": Link(ETHERNET_10G["alpha"], 8 / 25e9),
-    "ib100": Link(INFINIBAND_100G["alpha"], INFINIBAND_100G["beta"]),
+    "100mbit": Link(cost_model.ETHERNET_10G["alpha"], 8 / 100e6),
+    "1gbe": Link(cost_model.ETHERNET_10G["alpha"], 8 / 1e9),
+    "10gbe": Link(cost_model.ETHERNET_10G["alpha"], cost_model.ETHERNET_10G["beta"]),
+    "25gbe": Link(cost_model.ETHERNET_10G["alpha"], 8 / 25e9),
+    "ib100": Link(cost_model.INFINIBAND_100G["alpha"], cost_model.INFINIBAND_100G["beta"]),
 }
 # netbench's `tc tbf ... burst 4mb` (tc's mb is MiB) before its runs recorded their bucket:
 # the results of those runs (benchmarks/results/) are validated with it.
@@ -68,7 +67,7 @@ OLD_TBF_BURST = 4 * 2**20
 def _method(spec: str, density: float, p: int):
   """A method from its spec (``spardl``, ``spardl:wire=exact``, ``spardl:density=auto``) on
   ``p`` devices, at ``density`` unless the spec gives one."""
-  from spardl_jax.sync import methods
+  from spardl_jax import methods
   name, options = methods.parse(spec, density=density)
   return methods.make(name, p=p, **options)
 

@@ -33,7 +33,7 @@ def provenance() -> dict[str, Any]:
 
   import jax
 
-  from spardl_jax.core import topk
+  from spardl_jax import methods
 
   def git(*args):
     try:
@@ -49,7 +49,7 @@ def provenance() -> dict[str, Any]:
                      f"{jax.devices()[0].device_kind}",
           "versions": {name: metadata.version(name) for name in
                        ("jax", "jaxlib", "flax", "optax", "numpy")},
-          "selection": topk.default_method()}
+          "selection": methods.default_selection()}
 
 
 def find(folders: Sequence[str]) -> list[RunRecord]:

@@ -31,7 +31,7 @@ import sys
 
 import numpy as np
 
-from spardl_jax.sync import methods
+from spardl_jax import methods
 from benchmarks import project, runs
 from benchmarks.cli import fraction
 

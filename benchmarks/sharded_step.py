@@ -22,6 +22,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import spardl_jax as sj
+from spardl_jax.tools import traffic
 
 AUTO = (jax.sharding.AxisType.Auto,) * 2
 SHAPES = {"w1": (512, 1024), "b1": (1024,), "w2": (1024, 512), "b2": (512,)}
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
   times: dict = {name: [] for name in runs}
   losses = {}
   for name, (step, params, state, data) in runs.items():
-    hlo = sj.traffic.parse_hlo(step.lower(params, state, *data).compile().as_text())
+    hlo = traffic.parse_hlo(step.lower(params, state, *data).compile().as_text())
     permuted = hlo.bytes_sent(0)
     reduced = sum(c.bytes for c in hlo.others if c.op.startswith("all-reduce")
                   and c.elements > 1024)

@@ -96,7 +96,6 @@ def measure(name: str, size: str, method: str, devices: int, per_device: int,
 
   import models
   import spardl_jax as sj
-  from spardl_jax.parallel.rows import shard_rows
   from train.config import TrainConfig, Variant
   from train.train import compile_steps, create_train_state, make_mesh, make_optimizer
 
@@ -108,7 +107,7 @@ def measure(name: str, size: str, method: str, devices: int, per_device: int,
   tx = make_optimizer(cfg, Variant(method, *_spec(method)))
   state, specs = create_train_state(jax.random.key(0), model, tx, x, mesh, cfg.axis_name)
   train, _ = compile_steps(model, tx, mesh, specs, cfg.axis_name, task=task)
-  batch = shard_rows((x, y, w), mesh, cfg.axis_name)
+  batch = sj.distributed.shard_rows((x, y, w), mesh, cfg.axis_name)
   start = time.perf_counter()
   state, metrics = jax.block_until_ready(train(state, batch))
   compile_s = time.perf_counter() - start

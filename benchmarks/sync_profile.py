@@ -95,7 +95,7 @@ def profile(method_spec: str, *, p: int, n: int, calls: int, density: float = 0.
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from spardl_jax.sync import methods
+  from spardl_jax import methods
 
   jax.config.update("jax_traceback_in_locations_limit", -1)  # whole stacks in the HLO
   name, options = methods.parse(method_spec, density=density)

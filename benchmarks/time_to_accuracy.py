@@ -132,7 +132,7 @@ def run_dir(args, seed: int, rate: str) -> str:
 
 def run_rates(args) -> None:
   """Trains every method at every rate, for every seed."""
-  from spardl_jax.parallel import launch
+  from spardl_jax import launch
   from benchmarks import netbench
 
   def job(seed, rate, **where):
@@ -179,7 +179,7 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, float]:
 
   from models import MODELS, create
   from models.registry import abstract_params
-  from spardl_jax.sync import methods
+  from spardl_jax import methods
   from train.config import OPTION_DEFAULTS, parse_variant
 
   shapes = [leaf.shape for leaf in jax.tree.leaves(abstract_params(

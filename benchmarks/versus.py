@@ -47,13 +47,14 @@ def run(args) -> list[tuple[str, float]]:
   import numpy as np
   from jax.sharding import PartitionSpec as P
 
-  from spardl_jax.parallel.rows import shard_rows
+  from spardl_jax import distributed
 
-  versions = {"now": importlib.import_module("spardl_jax.sync.methods"),
-              args.against: importlib.import_module(f"{_OLD}.sync.methods")}
+  # Each version's registry through its own public face.
+  versions = {"now": importlib.import_module("spardl_jax").methods,
+              args.against: importlib.import_module(_OLD).methods}
   mesh = jax.make_mesh((args.devices,), ("data",), devices=jax.devices()[:args.devices],
                        axis_types=(jax.sharding.AxisType.Explicit,))
-  x = shard_rows(np.random.default_rng(0).standard_normal(
+  x = distributed.shard_rows(np.random.default_rng(0).standard_normal(
       (args.devices, args.n)).astype(np.float32), mesh)
   psum = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "data"), mesh=mesh,
                                in_specs=P("data"), out_specs=P("data")))
@@ -63,7 +64,7 @@ def run(args) -> list[tuple[str, float]]:
       name, options = methods.parse(spec, density=args.density)
       method = methods.make(name, **options)
       calls[f"{spec} ({label})"] = [methods.sharded(method, mesh),
-                                    shard_rows(methods.init_rows(method, args.devices, args.n),
+                                    distributed.shard_rows(methods.init_rows(method, args.devices, args.n),
                                                mesh)]
   times: dict[str, list[float]] = {label: [] for label in calls}
   for rounds in range(args.repeats + 1):  # the first round compiles and warms up

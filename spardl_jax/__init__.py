@@ -16,12 +16,12 @@ The command lines are console scripts (``spardl-bench``, ``spardl-launch``,
 ``.parallel.launch``, ``.core.schedule``).
 """
 
-from spardl_jax import checkpoint
-from spardl_jax.core import schedule
+from spardl_jax import checkpoint, options
+from spardl_jax.core import cost, schedule
 from spardl_jax.core.allreduce import SparDLState, spardl_allreduce
 from spardl_jax.core.config import BlockLayout, SparDLConfig
 from spardl_jax.core.protocol import AllReduce, Cost, FlatVector, register
-from spardl_jax.parallel import distributed
+from spardl_jax.parallel import distributed, launch
 from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
 from spardl_jax.sync.density import DensityRule, density_rule
@@ -39,14 +39,6 @@ from spardl_jax.sync.specs import use_param_specs
 from spardl_jax.sync.state import SyncState, SyncStats, sync_stats
 from spardl_jax.sync.transform import powersgd, spardl, sync_gradients
 
-
-def __getattr__(name: str):
-  # The HLO reader is a tool: loaded when first asked for (sj.traffic), not with the library.
-  if name == "traffic":
-    import importlib
-    return importlib.import_module("spardl_jax.tools.traffic")
-  raise AttributeError(f"module 'spardl_jax' has no attribute {name!r}")
-
 __all__ = (
     "AllReduce",
     "BlockLayout",
@@ -62,6 +54,7 @@ __all__ = (
     "SyncStats",
     "bounded_dispatch",
     "checkpoint",
+    "cost",
     "data_parallel_step",
     "density_rule",
     "density_warmup",
@@ -69,11 +62,13 @@ __all__ = (
     "distributed",
     "fold_rules",
     "init_opt_state",
+    "launch",
     "lookahead",
     "lookahead_params",
     "methods",
     "opt_state_shardings",
     "opt_state_specs",
+    "options",
     "powersgd",
     "register",
     "replica_params",
@@ -88,6 +83,5 @@ __all__ = (
     "sync_gradients",
     "sync_state_filter",
     "sync_stats",
-    "traffic",
     "use_param_specs",
 )

@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
+from spardl_jax.tools import traffic as hlo_reader
 from spardl_jax.parallel.rows import shard_rows
 
 AXIS = "data"
@@ -83,7 +84,7 @@ def run(xs, rs, config):
 
 def traffic(p, n, config, dtype=jnp.float32):
   """The collectives of the SparDL program for (P, n) gradients (tools.traffic.Traffic)."""
-  return sj.traffic.parse_hlo(executable(p, n, config, dtype).as_text())
+  return hlo_reader.parse_hlo(executable(p, n, config, dtype).as_text())
 
 
 def _lower(fn, method, p, n, dtype):
@@ -105,7 +106,7 @@ def nonfinite_agreement(method):
   one int32 scalar pmax where a NaN may stay out of the result, none where it always reaches
   it (the result then tells every device)."""
   return [] if method.nonfinite_reaches_result else [
-      ("all-reduce", (sj.traffic.ArrayType("s32", ()),))]
+      ("all-reduce", (hlo_reader.ArrayType("s32", ()),))]
 
 
 def method_rows(p, n, method, dtype=jnp.float32):
@@ -125,7 +126,7 @@ def method_executable(p, n, method, dtype=FLOAT32):
 
 def method_traffic(p, n, method, dtype=FLOAT32):
   """The collectives of `method`'s program for (P, n) gradients."""
-  return sj.traffic.parse_hlo(method_executable(p, n, method, np.dtype(dtype)).as_text())
+  return hlo_reader.parse_hlo(method_executable(p, n, method, np.dtype(dtype)).as_text())
 
 
 def gradients(rng, p, n, heavy_tails=False):

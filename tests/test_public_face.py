@@ -1,13 +1,78 @@
-"""What `import spardl_jax` gives: the library, not its tools (the HLO reader loads when
-`sj.traffic` is first asked for)."""
+"""What `import spardl_jax` gives: the library, not its tools (`spardl_jax.tools`, imported
+where used); and the library's own users (the trainer, the models, the lab) need nothing
+past that face."""
 
+import inspect
+import pathlib
 import subprocess
 import sys
+
+import spardl_jax as sj
 
 
 def test_importing_the_library_loads_no_tool():
   code = ("import sys, spardl_jax as sj; "
           "assert not [m for m in sys.modules if m.startswith('spardl_jax.tools')]; "
-          "assert sj.traffic.parse_hlo; assert 'spardl_jax.tools.traffic' in sys.modules; "
-          "assert sj.checkpoint.refold")
+          "assert not hasattr(sj, 'traffic') and sj.checkpoint.refold; "
+          "from spardl_jax.tools import traffic; assert traffic.parse_hlo")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+USERS = ("train", "models", "benchmarks")  # the library's own users, held to its public face
+
+
+def _past_the_face(source: str) -> list[str]:
+  """Where ``source`` reaches past ``spardl_jax``'s public face: an import of a module inside
+  it (but the tools, ``spardl_jax.tools``, a door of their own), a name it does not export,
+  or ``sj.X`` / ``sj.ns.X`` where ``X`` is not in the ``__all__`` of ``sj`` or of its
+  namespace ``ns`` (``ns`` a module ``sj`` exports)."""
+  import ast
+  found, aliases = [], set()
+  tree = ast.parse(source)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name.startswith("spardl_jax.") and not _tool(a.name):
+          found.append(f"line {node.lineno}: import {a.name}")
+        elif a.name == "spardl_jax":
+          aliases.add(a.asname or a.name)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      if node.module.startswith("spardl_jax.") and not _tool(node.module):
+        found.append(f"line {node.lineno}: from {node.module} import ...")
+      elif node.module == "spardl_jax":
+        found += [f"line {node.lineno}: from spardl_jax import {a.name}" for a in node.names
+                  if a.name not in sj.__all__]
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.value.id in aliases):
+      if node.attr not in sj.__all__:
+        found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+          and isinstance(node.value.value, ast.Name) and node.value.value.id in aliases):
+      space = getattr(sj, node.value.attr, None)
+      if inspect.ismodule(space) and node.attr not in getattr(space, "__all__", ()):
+        found.append(f"line {node.lineno}: {node.value.value.id}.{node.value.attr}.{node.attr}")
+  return found
+
+
+def _tool(module: str) -> bool:
+  return module == "spardl_jax.tools" or module.startswith("spardl_jax.tools.")
+
+
+def test_the_trainer_models_and_benchmarks_use_only_the_public_face():
+  """train/, models/ and benchmarks/ import `spardl_jax` and nothing inside it, and use only
+  the names it and its namespaces export: what they need, a user has."""
+  past = {str(path.relative_to(ROOT)): found
+          for folder in USERS for path in sorted((ROOT / folder).rglob("*.py"))
+          if (found := _past_the_face(path.read_text()))}
+  assert not past, past
+
+
+def test_the_face_check_sees_each_way_past():
+  source = ("import spardl_jax as sj\nimport spardl_jax.core.topk\n"
+            "from spardl_jax.sync import methods\nfrom spardl_jax import stages\n"
+            "from spardl_jax.tools import traffic\nimport spardl_jax.tools.bench\n"
+            "sj.core\nsj.methods.protocol\nsj.methods.make\nsj.spardl\n")
+  assert [f.split(":")[0] for f in _past_the_face(source)] == [
+      "line 2", "line 3", "line 4", "line 7", "line 8"]

@@ -10,8 +10,7 @@ from typing import Any, Literal, NamedTuple
 
 from models.registry import Size
 from spardl_jax import methods
-from spardl_jax.core.config import SparDLConfig
-from spardl_jax.sync.adam import SECOND_MOMENTS, SENDS
+import spardl_jax as sj
 
 
 # Argument types of the command lines (the trainer's, and the benchmarks' that run it).
@@ -96,7 +95,8 @@ TUNING: dict[str, Rule] = {
     "outer": _AT_LEAST_0, "outer_lr": _POSITIVE, "outer_momentum": _UNIT,
     "decay": Rule(float, "in [0, 1]", lambda v: 0 <= v <= 1),
     **{key: Rule(str, " or ".join(map(repr, choices)), lambda v, c=choices: v in c)
-       for key, choices in (("synced", SENDS), ("second_moment", SECOND_MOMENTS))},
+       for key, choices in (("synced", sj.options.SENDS),
+                            ("second_moment", sj.options.SECOND_MOMENTS))},
     "dense_leaves": Rule(str, "'vectors' or an int N >= 1 (leaves of fewer than N entries)",
                          lambda v: v == "vectors" or (v.isdigit() and int(v) >= 1)),
     "delay": Rule(int, "0 or 1", lambda v: v in (0, 1)),
@@ -209,7 +209,7 @@ def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str)
 # The method options --compare's specs leave out: the trainer's --density, --teams, --sag
 # and --residuals default to these.
 OPTION_DEFAULTS: dict[str, Any] = {
-    "density": 0.01, **{f.name: f.default for f in dataclasses.fields(SparDLConfig)
+    "density": 0.01, **{f.name: f.default for f in dataclasses.fields(sj.SparDLConfig)
                         if f.name in ("teams", "sag", "residuals")}}
 
 

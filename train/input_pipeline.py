@@ -3,7 +3,7 @@
 * One seeded shuffle per epoch (``grain.MapDataset.shuffle`` with a seed drawn from
   ``(seed, epoch)``), the same in every process, orders the training set.
 * Each global batch of ``B`` indices is cut into the rows of this process's devices
-  (:func:`spardl_jax.parallel.rows.process_rows`) and only those examples are read (the
+  (:func:`spardl_jax.distributed.process_rows`) and only those examples are read (the
   splits are random access, ``split.take(indices)``) and put on the devices
   (``shard_rows(..., local=True)``), as multi-host JAX expects.
 * Reading (decoding, augmenting) runs ahead of the train loop in Grain's reader threads, or
@@ -25,7 +25,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from spardl_jax.parallel.rows import process_rows
+import spardl_jax as sj
 from train.data.types import Batch, Split
 
 # Batches read ahead of the train loop. One reader thread keeps the reads in step order (a
@@ -57,7 +57,7 @@ def train_dataset(split: Split, batch_size: int, mesh: jax.sharding.Mesh, axis_n
                   seed: int, epoch: int, steps: int | None = None) -> grain.MapDataset:
   """This process's rows of each shuffled global batch of one epoch (the partial batch
   dropped), ``steps`` batches at most, as a Grain dataset (one element per step)."""
-  rows = process_rows(batch_size, mesh, axis_name)
+  rows = sj.distributed.process_rows(batch_size, mesh, axis_name)
   count = steps_per_epoch(split, batch_size, steps) * batch_size
   order = grain.MapDataset.range(len(split)).shuffle(seed=epoch_seed(seed, epoch))[:count]
   return order.batch(batch_size).map(functools.partial(_read_train, split, rows, seed, epoch))
@@ -67,7 +67,7 @@ def eval_dataset(split: Split, batch_size: int, mesh: jax.sharding.Mesh, axis_na
                  steps: int | None = None) -> grain.MapDataset:
   """This process's rows of batches covering ``split`` in order (the first ``steps`` batches
   with ``steps``); padding rows weigh 0."""
-  rows = process_rows(batch_size, mesh, axis_name)
+  rows = sj.distributed.process_rows(batch_size, mesh, axis_name)
   end = len(split) if steps is None else min(len(split), steps * batch_size)
   return grain.MapDataset.range(-(-end // batch_size)).map(
       functools.partial(_read_eval, split, rows, batch_size, end))

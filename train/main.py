@@ -15,9 +15,7 @@ import jax
 
 from models import MODELS, describe
 from models.registry import SIZES
-from spardl_jax.core.config import RESIDUAL_MODES, SAG_MODES
-from spardl_jax.sync import methods
-from spardl_jax.sync.methods import parse_teams
+import spardl_jax as sj
 from train.config import (DECAY_ON, LR_SCHEDULES, NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, OPTIMIZERS,
                           OPTION_DEFAULTS, POSITIVE_FLOAT, POSITIVE_INT, RECIPES, TUNING,
                           UNIT_FLOAT, TrainConfig, parse_mesh, parse_variants)
@@ -35,10 +33,10 @@ def _density(text: str):
   """``--density``: a number in (0, 1] or ``auto`` (the same words a spec's density=
   takes)."""
   try:
-    value = methods.parse_density(text)
+    value = sj.methods.parse_density(text)
   except ValueError:
     raise argparse.ArgumentTypeError(f"{text!r} is not a number in (0, 1] or 'auto'") from None
-  if value != methods.AUTO and not 0 < value <= 1:
+  if value != sj.methods.AUTO and not 0 < value <= 1:
     raise argparse.ArgumentTypeError(f"must be in (0, 1] or 'auto', got {text}")
   return value
 
@@ -73,11 +71,11 @@ def _parse_args(argv):
   p.add_argument("--density", type=_density, default=OPTION_DEFAULTS["density"],
                  help="the sparse methods' density, in (0, 1], or 'auto' (picked from the "
                       "devices, sj.density_rule) (default %(default)s)")
-  p.add_argument("--teams", type=parse_teams, default=OPTION_DEFAULTS["teams"],
+  p.add_argument("--teams", type=sj.methods.parse_teams, default=OPTION_DEFAULTS["teams"],
                  help="SparDL teams d, or 'auto' for the alpha-beta model's pick (default 1)")
-  p.add_argument("--sag", default=OPTION_DEFAULTS["sag"], choices=SAG_MODES,
+  p.add_argument("--sag", default=OPTION_DEFAULTS["sag"], choices=sj.options.SAG_MODES,
                  help="Spar-All-Gather for teams > 1 (default: R-SAG when d is a power of two)")
-  p.add_argument("--residuals", default=OPTION_DEFAULTS["residuals"], choices=RESIDUAL_MODES)
+  p.add_argument("--residuals", default=OPTION_DEFAULTS["residuals"], choices=sj.options.RESIDUAL_MODES)
   p.add_argument("--devices", type=POSITIVE_INT, default=d.devices,
                  help="devices on the data axis (default: all devices of the job; in one "
                       "CPU process, 8 simulated devices)")
@@ -240,7 +238,7 @@ def _train_variants(args, cfg: TrainConfig, variants, mesh) -> int:
     log.info("outer loop: each device trains alone for %d steps, then the method syncs the "
              "parameter change for a Nesterov step (lr %g, momentum %g); no recipe applies",
              cfg.outer_every, cfg.outer_lr, cfg.outer_momentum)
-  elif any(methods.is_sparse(v.method) for v in variants):
+  elif any(sj.methods.is_sparse(v.method) for v in variants):
     recipe = RECIPES[cfg.recipe][cfg.optimizer]
     log.info("sparse methods use the %r recipe (%s) unless their spec says otherwise%s",
              cfg.recipe, ", ".join(f"{k}={v}" for k, v in recipe.items()) or "no tuning",

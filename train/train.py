@@ -34,7 +34,6 @@ from tqdm import tqdm
 
 import models
 import spardl_jax as sj
-from spardl_jax.parallel.rows import shard_rows
 from train import data, input_pipeline
 from train.config import TrainConfig, Tuning, Variant, recipe_tuning
 
@@ -479,7 +478,7 @@ def evaluate_model(evaluate, state: TrainState, ds: data.Dataset, mesh,
   total = np.zeros(3)
   for batch in input_pipeline.eval_batches(ds.test, cfg.batch_size, mesh, cfg.axis_name,
                                            steps=cfg.eval_steps):
-    total += _host(evaluate(state, shard_rows(batch, mesh, cfg.axis_name,
+    total += _host(evaluate(state, sj.distributed.shard_rows(batch, mesh, cfg.axis_name,
                                                                local=True)))
   return total[0] / total[2], total[1] / total[2]
 
@@ -619,7 +618,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                                            workers=cfg.data_workers,
                                            state=at.iterator if resume else None)
     for done, batch in enumerate(batches, start=at.done + 1 if resume else 1):
-      batch = shard_rows(batch, mesh, cfg.axis_name, local=True)
+      batch = sj.distributed.shard_rows(batch, mesh, cfg.axis_name, local=True)
       if loop.step_fn is None:
         loop.compile(train, state, batch)
       state = loop.step(state, batch, epoch)

@@ -26,8 +26,7 @@ timeout 60 python3 -m benchmarks.sync_profile --ranks 8 --n 14.7e6 --calls 5 \
   --out "$out/profile.json" 2>&1 | grep -v '^WARNING' | tee "$out/profile.log"
 timeout 60 python3 - <<'EOF' 2>&1 | grep -v '^WARNING' | tee "$out/hlo.log"
 import jax, jax.numpy as jnp
-from spardl_jax.core import topk
-from spardl_jax.sync import methods
+from spardl_jax import methods
 p, n = 8, 14_700_000
 for spec in ("spardl", "spardl:wire=exact"):
   name, options = methods.parse(spec, density=0.01)
@@ -36,6 +35,6 @@ for spec in ("spardl", "spardl:wire=exact"):
                        m.init(n=n, dtype=jnp.float32, p=p))
   fn = jax.jit(jax.vmap(lambda x, s: m.apply(x, s, axis_name="data"), axis_name="data"))
   text = fn.lower(jax.ShapeDtypeStruct((p, n), jnp.float32), state).compile().as_text()
-  print(spec, "default method:", topk.default_method(), "sorts:", text.count(" sort("),
+  print(spec, "default method:", methods.default_selection(), "sorts:", text.count(" sort("),
         "TopK:", text.count('custom_call_target="TopK"'), "while loops:", text.count(" while("))
 EOF

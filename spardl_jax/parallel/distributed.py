@@ -15,7 +15,10 @@ import os
 
 import jax
 
-__all__ = ['environment', 'initialize', 'host_teams']
+# The rows of a global batch each process reads, here with the rest of a multi-process job.
+from spardl_jax.parallel.rows import process_rows, shard_rows
+
+__all__ = ['environment', 'initialize', 'host_teams', 'process_rows', 'shard_rows']
 
 _VARS = ("SPARDL_COORDINATOR", "SPARDL_NUM_PROCESSES", "SPARDL_PROCESS_ID",
          "SPARDL_LOCAL_DEVICES")

@@ -26,12 +26,13 @@ from spardl_jax.core import protocol
 from spardl_jax.core.config import SparDLConfig
 from spardl_jax.core.nonfinite import NonFinite, any_device, check_policy, skip_if
 from spardl_jax.core.protocol import AllReduce
+from spardl_jax.core.topk import default_method as default_selection
 from spardl_jax.sync.density import AUTO, at_devices
 
 __all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'parse_density',
            'parse_int_or_none', 'split_spec',
            'parse', 'make', 'describe', 'init_rows', 'abstract_rows', 'sharded',
-           'sharded_allreduce']
+           'sharded_allreduce', 'default_selection', 'AUTO']
 
 
 def names() -> tuple[str, ...]:

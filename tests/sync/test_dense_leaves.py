@@ -10,6 +10,7 @@ import optax
 import pytest
 
 import spardl_jax as sj
+from spardl_jax.tools import traffic
 from tests import formulas, harness, reference
 
 PARAMS = {"w": jnp.zeros((24, 10), jnp.float32), "b": jnp.zeros((10,), jnp.float32),
@@ -75,7 +76,7 @@ def test_stats_bytes_are_the_compiled_traffic():
   grads = harness.put_rows(p, {k: np.random.default_rng(2).standard_normal(
       (p, *v.shape)).astype(np.float32) for k, v in params.items()})
   _, state = f(grads, state)
-  hlo = sj.traffic.parse_hlo(f.lower(grads, state).compile().as_text())
+  hlo = traffic.parse_hlo(f.lower(grads, state).compile().as_text())
   # SparDL's permutes for the 4,000-entry vector, and one all-reduce of the dense leaves'
   # 100 entries (its bytes are a ring's: XLA's all-reduce shows no pairs to count).
   assert hlo.bytes_sent(0) == formulas.spardl(p, 4000, 0.01)["bytes"]

@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
+from spardl_jax.tools import traffic
 from tests import formulas, harness, reference
 
 H, L = 2, 4
@@ -77,7 +78,7 @@ def test_only_spardl_crosses_hosts_and_beside_host_teams():
   tx = sj.spardl(density=density, wire="exact", axis_name="host", local_axis="local")
   f, state = program(tx, params)
   grads = jax.device_put(jnp.ones((8, n)), NamedSharding(mesh(), ROWS))
-  hlo = sj.traffic.parse_hlo(f.lower({"w": grads}, state).compile().as_text())
+  hlo = traffic.parse_hlo(f.lower({"w": grads}, state).compile().as_text())
   ids = {d.id: tuple(np.argwhere(mesh().devices == d)[0]) for d in mesh().devices.flat}
   for c in hlo.permutes:  # SparDL's rounds: each between the same slice of the two hosts
     assert all(ids[s][1] == ids[t][1] and ids[s][0] != ids[t][0] for s, t in c.pairs)

@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
+from spardl_jax.tools import traffic
 from tests import formulas, harness, reference
 
 EXPLICIT, AUTO = jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto
@@ -172,7 +173,7 @@ def test_collectives_stay_inside_the_columns_and_match_the_formula():
   grads = {k: jax.device_put(np.ones((4, *s), np.float32),
                              NamedSharding(mesh, P("data", *specs[k]))) for k, s in SHAPES.items()}
   text = manual_update(tx, mesh, specs, state).lower(grads, state).compile().as_text()
-  hlo = sj.traffic.parse_hlo(text)
+  hlo = traffic.parse_hlo(text)
   ids = {d.id: np.argwhere(mesh.devices == d)[0] for d in mesh.devices.flat}
   for c in hlo.permutes:
     for s, t in c.pairs:

@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
+from spardl_jax.tools import traffic
 from spardl_jax.core import schedule
 from tests import harness, reference
 
@@ -78,7 +79,7 @@ def test_stats_bytes_equal_the_compiled_traffic():
   grads = local_grads(np.random.default_rng(1), p, params)
   f = harness.update_fn(tx, p, params)
   _, state = f(harness.put_rows(p, grads), state)
-  hlo = sj.traffic.parse_hlo(f.lower(harness.put_rows(p, grads), state).compile().as_text())
+  hlo = traffic.parse_hlo(f.lower(harness.put_rows(p, grads), state).compile().as_text())
   np.testing.assert_array_equal(state.stats.bytes_sent, hlo.bytes_sent(0))
   kb = sj.BlockLayout.make(n, p, 0.01).kb
   assert 0 < int(np.asarray(state.stats.selected)[0]) <= p * kb
@@ -204,7 +205,7 @@ def test_a_nonfinite_step_is_skipped_on_every_device(name, p, options):
   updates, state = f(harness.put_rows(p, good[0]), state)
   before = state
   # Every method's reported bytes are what its compiled program sends, device by device.
-  hlo = sj.traffic.parse_hlo(f.as_text())
+  hlo = traffic.parse_hlo(f.as_text())
   if options.get("teams") == 3:  # B-SAG: the branch of the h this step used
     kb = sj.BlockLayout.make(67, p // 3, options["density"]).kb
     hlo = hlo.branch(schedule.h_ladder(kb, 3).index(int(np.asarray(state.stats.h)[0])))
