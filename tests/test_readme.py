@@ -28,8 +28,9 @@ PROGRAMS = [(os.path.basename(path), block)
 BLOCKS = [("README.md", block) for block in README] + PROGRAMS
 
 
-def test_the_readme_has_python_blocks():
+def test_the_readme_has_python_blocks_that_check_their_outcome():
   assert README and PROGRAMS
+  assert [where for where, block in BLOCKS if not re.search(r"^\s*assert ", block, re.M)] == []
 
 
 @pytest.mark.parametrize("where,block", BLOCKS,
@@ -37,7 +38,6 @@ def test_the_readme_has_python_blocks():
 def test_block_runs(where, block):
   proc = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True,
                         text=True, timeout=300, env=launch.child_environment())
+  # Each program asserts what it claims (a loss below a bound dense also meets, bits equal on
+  # every device, mass conserved): its exit code is the check.
   assert proc.returncode == 0, (where, proc.stderr[-3000:])
-  loss = re.search(r"loss after \d+ steps: ([0-9.]+)", proc.stdout)
-  if loss:  # the training example fits its regression (the targets' variance is ~32)
-    assert float(loss.group(1)) < 0.01, proc.stdout

@@ -158,3 +158,18 @@ def test_a_loss_target_is_reached_at_or_below_it():
   assert rows[1]["steps"] == [20, None] and rows[1]["final"] == [2.1, 2.15]
   assert rows[1]["on"] == "loss" and rows[1]["metric"] == "accuracy"
   assert "of dense's final test loss" in convergence.format_table(rows)
+
+
+def test_the_labs_readme_lists_every_driver_script_and_page():
+  """benchmarks/README.md names every driver (a module with a main), every script and every
+  results page, so a reader finds each from one place."""
+  readme = (ROOT / "benchmarks" / "README.md").read_text()
+  drivers = [p.stem for p in (ROOT / "benchmarks").glob("*.py")
+             if re.search(r"^def main\(", p.read_text(), re.M)]
+  assert len(drivers) > 10
+  missing = ([d for d in drivers if f"python -m benchmarks.{d}`" not in readme
+              and f"python -m benchmarks.{d} " not in readme]
+             + [s.name for s in SCRIPTS if f"`scripts/{s.name}" not in readme]
+             + [p.name for p in (ROOT / "benchmarks" / "results").glob("*.md")
+                if f"(results/{p.name})" not in readme])
+  assert missing == []
