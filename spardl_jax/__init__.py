@@ -16,11 +16,8 @@ The command lines are console scripts (``spardl-bench``, ``spardl-launch``,
 ``.parallel.launch``, ``.core.schedule``).
 """
 
-from spardl_jax import checkpoint, options
+from spardl_jax import checkpoint, collectives, options
 from spardl_jax.core import cost, schedule
-from spardl_jax.core.allreduce import SparDLState, spardl_allreduce
-from spardl_jax.core.config import BlockLayout, SparDLConfig
-from spardl_jax.core.protocol import AllReduce, Cost, FlatVector, register
 from spardl_jax.parallel import distributed, launch
 from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
@@ -32,35 +29,27 @@ from spardl_jax.sync.adam import (ScaleByFrozenAdamState, ScaleBySyncedAdamState
 from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
                                            opt_state_shardings, opt_state_specs,
                                            sync_state_filter)
-from spardl_jax.sync.methods import sharded_allreduce
 from spardl_jax.sync.outer import DiLoCoState, diloco, replica_params, sparseloco
-from spardl_jax.sync.placement import fold_rules
 from spardl_jax.sync.specs import use_param_specs
 from spardl_jax.sync.state import SyncState, SyncStats, sync_stats
 from spardl_jax.sync.transform import powersgd, spardl, sync_gradients
 
 __all__ = (
-    "AllReduce",
-    "BlockLayout",
-    "Cost",
     "DensityRule",
     "DiLoCoState",
-    "FlatVector",
-    "SparDLConfig",
-    "SparDLState",
     "ScaleByFrozenAdamState",
     "ScaleBySyncedAdamState",
     "SyncState",
     "SyncStats",
     "bounded_dispatch",
     "checkpoint",
+    "collectives",
     "cost",
     "data_parallel_step",
     "density_rule",
     "density_warmup",
     "diloco",
     "distributed",
-    "fold_rules",
     "init_opt_state",
     "launch",
     "lookahead",
@@ -70,15 +59,12 @@ __all__ = (
     "opt_state_specs",
     "options",
     "powersgd",
-    "register",
     "replica_params",
     "scale_by_frozen_adam",
     "scale_by_synced_adam",
     "synced_adamw",
     "schedule",
-    "sharded_allreduce",
     "spardl",
-    "spardl_allreduce",
     "sparseloco",
     "sync_gradients",
     "sync_state_filter",

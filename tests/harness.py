@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
+from spardl_jax.collectives import sharded_allreduce
 from spardl_jax.tools import traffic as hlo_reader
 from spardl_jax.parallel.rows import shard_rows
 
@@ -40,7 +41,7 @@ def mesh(p):
 @functools.lru_cache(maxsize=None)
 def compiled(p, config):
   """jit(shard_map(spardl_allreduce)) taking (P, n) gradients and residuals."""
-  return sj.sharded_allreduce(config, mesh(p), AXIS)
+  return sharded_allreduce(config, mesh(p), AXIS)
 
 
 def executable(p, n, config, dtype=jnp.float32):

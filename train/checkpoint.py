@@ -8,7 +8,7 @@ state and the metrics of the steps taken), so a resume mid-epoch repeats the res
 
 A checkpoint can also be restored onto a different number of devices ``P'``. The per-device
 leaves are then rebuilt so that no gradient mass is lost, each by the rule its state type
-declares (:func:`spardl_jax.fold_rules`):
+declares (:func:`spardl_jax.checkpoint.fold_rules`):
 
 * every ``residual`` and every momentum-correction ``velocity`` is folded to its sum over
   the ``P`` saved rows and spread evenly over ``P'`` rows (the sum is taken in float64; the

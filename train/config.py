@@ -209,7 +209,7 @@ def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str)
 # The method options --compare's specs leave out: the trainer's --density, --teams, --sag
 # and --residuals default to these.
 OPTION_DEFAULTS: dict[str, Any] = {
-    "density": 0.01, **{f.name: f.default for f in dataclasses.fields(sj.SparDLConfig)
+    "density": 0.01, **{f.name: f.default for f in dataclasses.fields(sj.collectives.SparDLConfig)
                         if f.name in ("teams", "sag", "residuals")}}
 
 

@@ -3,8 +3,8 @@
 Every device must take the same decision in the same step: a device that skipped a
 collective on its own would leave the others waiting in it (a hang, then an abort). The
 decision is therefore made from a value every device holds bit-identically, and the raw
-all-reduces (:func:`~spardl_jax.spardl_allreduce`, :func:`~spardl_jax.sync.methods.sharded`)
-and the optax transformation share it:
+all-reduces (:func:`~spardl_jax.collectives.spardl_allreduce`,
+:func:`~spardl_jax.sync.methods.sharded`) and the optax transformation share it:
 
 * ``'skip'`` (the default everywhere): the result is zeros on every device and the state
   (residuals, controllers, thresholds) is returned unchanged, so one bad step poisons

@@ -25,14 +25,16 @@ import spardl_jax.core.allreduce  # noqa: F401  (registers SparDL)
 from spardl_jax.core import protocol
 from spardl_jax.core.config import SparDLConfig
 from spardl_jax.core.nonfinite import NonFinite, any_device, check_policy, skip_if
-from spardl_jax.core.protocol import AllReduce
+from spardl_jax.core.protocol import AllReduce, Cost, FlatVector, register
 from spardl_jax.core.topk import default_method as default_selection
 from spardl_jax.sync.density import AUTO, at_devices
 
 __all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'parse_density',
            'parse_int_or_none', 'split_spec',
            'parse', 'make', 'describe', 'init_rows', 'abstract_rows', 'sharded',
-           'sharded_allreduce', 'default_selection', 'AUTO']
+           'sharded_allreduce', 'default_selection', 'AUTO',
+           # The protocol a method implements, and its registration (docs/new-method.md).
+           'AllReduce', 'Cost', 'FlatVector', 'register']
 
 
 def names() -> tuple[str, ...]:

@@ -5,7 +5,7 @@ momentum-correction velocities, an outer loop's per-replica offsets, an accumula
 per-device gradients). Saved on ``P`` devices and restored onto ``P'``, their leading axis no
 longer fits; cutting or padding it (what ``strict=False`` restores do) loses the mass the
 rows hold. :func:`refold` rebuilds each such leaf by the rule its state type declares
-(:func:`spardl_jax.fold_rules`):
+(:func:`spardl_jax.checkpoint.fold_rules`):
 
 * ``SUM`` (residuals, velocities: per-device sums of gradient mass the next syncs still
   deliver): the ``P`` rows' total, taken in float64, spread evenly over ``P'`` rows, the last

@@ -93,7 +93,7 @@ class SyncState(NamedTuple):
 
   Attributes:
     method_state: the all-reduce's per-device state (for SparDL a
-      :class:`~spardl_jax.SparDLState` whose ``residual`` is ``(1, n)`` on a device and
+      :class:`~spardl_jax.collectives.SparDLState` whose ``residual`` is ``(1, n)`` on a device and
       ``(P, n)`` globally), in the promoted dtype of the gradient leaves.
     velocity: ``(1, n)`` on a device, this device's momentum-corrected velocity ``u`` (only
       with ``momentum``; None otherwise). Like the residual it is a per-device sum of

@@ -244,8 +244,8 @@ def spardl(*, density: float | levels.DensitySchedule | str | DensityRule = 0.01
       ``[(step, density), ...]`` starting at step 0 (:func:`spardl_jax.density_warmup`);
       or ``"auto"``, picked from the devices P (:func:`spardl_jax.density_rule`: 2.5 % at
       P = 8 to 5 % at 64, for steps that do not grow with P).
-    **options: the other fields of :class:`~spardl_jax.SparDLConfig` (``teams``, ``sag``,
-      ``residuals``, ``wire``, ``alpha``, ``beta``; their defaults are its) and the options
+    **options: the other fields of :class:`~spardl_jax.collectives.SparDLConfig` (``teams``,
+      ``sag``, ``residuals``, ``wire``, ``alpha``, ``beta``; their defaults are its) and the options
       of :func:`sync_gradients` (``axis_name``, ``axis_size``, ``nonfinite``, and the
       convergence options ``warmup_steps``, ``momentum``, ``momentum_masking``,
       ``clip_norm``, ``residual_decay``). Each is defined, and documented, once, there.

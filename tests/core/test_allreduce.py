@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import spardl_jax as sj
+from spardl_jax.collectives import SparDLConfig, SparDLState, spardl_allreduce
 from tests import formulas, harness, reference
 
 WORKERS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]  # every traffic case of the cost table's d = 1 row
@@ -25,7 +25,7 @@ def test_matches_numpy_model_and_the_cost_table(p, density):
   conserving mass; and the compiled program's traffic is the cost table's (one
   compilation serves both)."""
   n = 1237 if p != 4 else 5003  # not divisible by p; 5003 also exercises two-stage top-k
-  config = sj.SparDLConfig(wire="exact", density=density)
+  config = SparDLConfig(wire="exact", density=density)
   rng = np.random.default_rng(p * 100 + int(density * 100))
   rs = np.zeros((p, n), np.float32)
   for it in range(3):
@@ -55,7 +55,7 @@ def test_density_one_is_pmean(p):
   rng = np.random.default_rng(p)
   xs = harness.gradients(rng, p, n)
   rs = harness.gradients(rng, p, n) * 0.1
-  ys, new_rs = harness.run(xs, rs, sj.SparDLConfig(wire="exact", density=1.0))
+  ys, new_rs = harness.run(xs, rs, SparDLConfig(wire="exact", density=1.0))
 
   pmean = jax.jit(jax.shard_map(lambda a: jax.lax.pmean(a, harness.AXIS), mesh=harness.mesh(p),
                                 in_specs=P(harness.AXIS), out_specs=P(harness.AXIS)))
@@ -71,7 +71,7 @@ def test_all_zero_and_tied_blocks():
   xs[2, 300:305] = -1.0         # equal magnitudes of both signs
   rs = np.zeros_like(xs)
   rs[:, 450:] = -0.0            # negative zeros
-  config = sj.SparDLConfig(wire="exact", density=0.05)
+  config = SparDLConfig(wire="exact", density=0.05)
   ys, new_rs = harness.run(xs, rs, config)
   want_y, want_rs = reference.spardl(xs, rs, 0.05)
   np.testing.assert_array_equal(ys[0], want_y)
@@ -85,7 +85,7 @@ def test_half_precision_matches_model_in_that_dtype(dtype):
   rng = np.random.default_rng(0)
   xs = harness.gradients(rng, p, n).astype(dtype)
   rs = (harness.gradients(rng, p, n) * 0.1).astype(dtype)
-  config = sj.SparDLConfig(wire="exact", density=0.1)
+  config = SparDLConfig(wire="exact", density=0.1)
   ys, new_rs = harness.run(xs, rs, config)
   assert ys.dtype == dtype and new_rs.dtype == dtype
   np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
@@ -98,11 +98,11 @@ def test_half_precision_matches_model_in_that_dtype(dtype):
 
 def test_works_under_jit_with_replicated_input_and_an_initial_state():
   p, n = 4, 300
-  config = sj.SparDLConfig(wire="exact", density=0.1)
+  config = SparDLConfig(wire="exact", density=0.1)
   mesh = harness.mesh(p)
 
   def step(x):  # x comes in replicated: the same gradient on every device
-    y, state = sj.spardl_allreduce(x, sj.SparDLState.initial(n), config,
+    y, state = spardl_allreduce(x, SparDLState.initial(n), config,
                                    axis_name=harness.AXIS)
     return y[None], state.residual[None]
 
@@ -116,11 +116,11 @@ def test_works_under_jit_with_replicated_input_and_an_initial_state():
 
 def test_replicated_output_with_check_vma_false():
   p, n = 5, 400
-  config = sj.SparDLConfig(wire="exact", density=0.05)
+  config = SparDLConfig(wire="exact", density=0.05)
 
   def step(x, r):
-    state = sj.SparDLState.initial(n)._replace(residual=r[0])
-    y, state = sj.spardl_allreduce(x[0], state, config, axis_name=harness.AXIS)
+    state = SparDLState.initial(n)._replace(residual=r[0])
+    y, state = spardl_allreduce(x[0], state, config, axis_name=harness.AXIS)
     return y, state.residual[None]
 
   f = jax.jit(jax.shard_map(step, mesh=harness.mesh(p), in_specs=(P(harness.AXIS),) * 2,
@@ -138,7 +138,7 @@ def test_replicated_output_with_check_vma_false():
 def test_residual_modes_match_numpy_model(p, residuals):
   """The ablation modes: LRES keeps only own unselected gradient, 'none' keeps nothing."""
   n, density = 1237, 0.05
-  config = sj.SparDLConfig(wire="exact", density=density, residuals=residuals)
+  config = SparDLConfig(wire="exact", density=density, residuals=residuals)
   rng = np.random.default_rng(p)
   rs = np.zeros((p, n), np.float32)
   for _ in range(2):
@@ -154,14 +154,14 @@ def test_three_syncs_in_a_scan_equal_three_calls():
   """The state contract: the state coming out has the structure of the one going in, so it
   is a lax.scan carry; B-SAG (teams=3) makes the controller part of the carry."""
   p, n, steps = 6, 61, 3  # kb = 2: a ladder of two B-SAG branches, quick to compile
-  config = sj.SparDLConfig(wire="exact", density=0.05, teams=3, sag="bruck")
+  config = SparDLConfig(wire="exact", density=0.05, teams=3, sag="bruck")
   rng = np.random.default_rng(7)
   xs = np.stack([harness.gradients(rng, p, n) for _ in range(steps)])  # (steps, P, n)
 
   def scanned(xs, state):
     def body(state, x):
       local = jax.tree.map(lambda a: a[0], state)
-      y, local = sj.spardl_allreduce(x[0], local, config, axis_name=harness.AXIS)
+      y, local = spardl_allreduce(x[0], local, config, axis_name=harness.AXIS)
       return jax.tree.map(lambda a: a[None], local), y[None]
     state, ys = jax.lax.scan(body, state, xs)
     return ys, state

@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 
-import spardl_jax as sj
+from spardl_jax.collectives import SparDLConfig
 from tests import harness, reference
 
 P, N, DENSITY, SYNCS = 4, 5003, 0.05, 2
-CONFIGS = {"exact": sj.SparDLConfig(density=DENSITY, wire="exact"),
-           "compact_teams": sj.SparDLConfig(density=DENSITY, teams=2, sag="recursive",
+CONFIGS = {"exact": SparDLConfig(density=DENSITY, wire="exact"),
+           "compact_teams": SparDLConfig(density=DENSITY, teams=2, sag="recursive",
                                              wire="compact")}
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 

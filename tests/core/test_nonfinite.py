@@ -9,6 +9,7 @@ import optax
 import pytest
 
 import spardl_jax as sj
+from spardl_jax.collectives import SparDLConfig, sharded_allreduce
 from tests import harness
 
 P_ = 4
@@ -26,7 +27,7 @@ def test_spardl_allreduce_skips_a_nonfinite_call_and_nothing_is_poisoned(count, 
   """A bad call returns zeros and the state it was given, on every device; the next good
   call is bit-identical to the one that would have followed without the bad one."""
   rng = np.random.default_rng(count)
-  config = sj.SparDLConfig(density=0.05)
+  config = SparDLConfig(density=0.05)
   good = [harness.gradients(rng, P_, N) for _ in range(3)]
   _, state = harness.run_state(good[0], harness.rows(P_, N, config), config)
   before = np.asarray(state.residual)
@@ -40,7 +41,7 @@ def test_spardl_allreduce_skips_a_nonfinite_call_and_nothing_is_poisoned(count, 
 
 def test_the_skip_is_the_same_as_never_seeing_the_bad_call():
   rng = np.random.default_rng(7)
-  config = sj.SparDLConfig(density=0.05)
+  config = SparDLConfig(density=0.05)
   xs = [harness.gradients(rng, P_, N) for _ in range(2)]
   _, state = harness.run_state(xs[0], harness.rows(P_, N, config), config)
   clean, clean_state = harness.run_state(xs[1], state, config)
@@ -70,8 +71,8 @@ def test_every_method_in_sharded_skips_alike(name):
 
 
 def test_propagate_returns_what_was_computed():
-  config = sj.SparDLConfig(density=0.05)
-  f = sj.sharded_allreduce(config, harness.mesh(P_), harness.AXIS, nonfinite="propagate")
+  config = SparDLConfig(density=0.05)
+  f = sharded_allreduce(config, harness.mesh(P_), harness.AXIS, nonfinite="propagate")
   ys, state = f(harness.put(P_, _bad(np.random.default_rng(2), 1, np.nan)),
                 harness.rows(P_, N, config))
   assert np.isnan(np.asarray(ys)).any()
@@ -80,7 +81,7 @@ def test_propagate_returns_what_was_computed():
 def test_compact_wire_keeps_float32_max_finite_and_conserved():
   """bfloat16's round to nearest makes 3.4028e38 inf; the compact wire sends bfloat16's
   largest finite value instead and keeps the difference in the sender's residual."""
-  config = sj.SparDLConfig(density=0.05)
+  config = SparDLConfig(density=0.05)
   xs = np.zeros((P_, N), np.float32)
   xs[2, 5] = np.finfo(np.float32).max
   xs[0, 9] = -np.finfo(np.float32).max
@@ -106,7 +107,7 @@ def test_every_wire_carries_float32s_largest_values_step_after_step(wire):
   again is held at the largest finite value with the rest kept: every result and residual
   finite, no step skipped, and, until a backlog itself outgrows float32 (int2 delivers at
   most 2^127 a step), the mass conserved as on the exact wire."""
-  config = sj.SparDLConfig(density=0.05, wire=wire)
+  config = SparDLConfig(density=0.05, wire=wire)
   big = np.finfo(np.float32).max
   xs = harness.gradients(np.random.default_rng(5), P_, N)
   xs[2, 5], xs[0, 9], xs[3, 11] = big, -big, 3e38

@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import spardl_jax as sj
+from spardl_jax.collectives import SparDLConfig
 from tests import harness, reference
 
 
@@ -32,7 +32,7 @@ def cases(draw):
 @given(cases())
 def test_random_cases_match_model_and_conserve_mass(case):
   xs, rs, density = case
-  ys, new_rs = harness.run(xs, rs, sj.SparDLConfig(wire="exact", density=density))
+  ys, new_rs = harness.run(xs, rs, SparDLConfig(wire="exact", density=density))
   want_y, want_rs = reference.spardl(xs, rs, density)
   np.testing.assert_array_equal(ys, np.broadcast_to(ys[0], ys.shape))
   np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)

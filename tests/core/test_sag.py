@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import spardl_jax as sj
+from spardl_jax.collectives import BlockLayout, SparDLConfig
 from spardl_jax.core import allreduce, cost, h_controller, schedule
 from spardl_jax.core.sparse import INVALID, sorted_sum
 from tests import formulas, harness, reference
@@ -18,7 +18,7 @@ DENSITY = 0.05
 
 def run_steps(p, d, sag, n, steps, seed=0):
   """Yields (xs, rs, ys, state) for `steps` syncs with the state fed back."""
-  config = sj.SparDLConfig(wire="exact", density=DENSITY, teams=d, sag=sag)
+  config = SparDLConfig(wire="exact", density=DENSITY, teams=d, sag=sag)
   rng = np.random.default_rng(seed)
   state = harness.rows(p, n, config)
   for it in range(steps):
@@ -30,7 +30,7 @@ def run_steps(p, d, sag, n, steps, seed=0):
 
 def assert_traffic(p, d, n, sag, h=None):
   """HLO rounds and bytes (of the branch with message size h) equal the cost table's."""
-  config = sj.SparDLConfig(wire="exact", density=DENSITY, teams=d, sag=sag)
+  config = SparDLConfig(wire="exact", density=DENSITY, teams=d, sag=sag)
   hlo = harness.traffic(p, n, config)
   want = formulas.spardl(p, n, DENSITY, teams=d, sag=sag, h=h)
   if sag == "bruck":
@@ -94,7 +94,7 @@ def test_every_worker_its_own_team(p, sag):
 def test_bruck_sag_can_be_forced_for_a_power_of_two():
   xs, rs, ys, state = next(run_steps(8, 4, "bruck", 501, 1))
   h = int(np.asarray(state.controller.last_h)[0])
-  assert h == math.ceil(sj.BlockLayout.make(501, 2, DENSITY).kb / 4)
+  assert h == math.ceil(BlockLayout.make(501, 2, DENSITY).kb / 4)
   want_y, _ = reference.spardl(xs, rs, DENSITY, teams=4, sag="bruck", h=h)
   np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
 
@@ -104,8 +104,8 @@ def test_h_adapts_without_recompiling_and_the_count_settles_near_kb():
   noise): h moves, the jit cache stays at one entry, and over the last 50 steps the distinct
   count after the cross-team gather stays within 15 % of kb."""
   p, d, n = 6, 3, 6000
-  config = sj.SparDLConfig(wire="exact", density=DENSITY, teams=d, sag="bruck")
-  kb = sj.BlockLayout.make(n, p // d, DENSITY).kb
+  config = SparDLConfig(wire="exact", density=DENSITY, teams=d, sag="bruck")
+  kb = BlockLayout.make(n, p // d, DENSITY).kb
   rng = np.random.default_rng(0)
   phase = rng.uniform(0, 2 * np.pi, n)
   amp = rng.exponential(size=n) ** 2
@@ -174,7 +174,7 @@ def test_teams_auto_picks_the_modeled_best():
              for d in range(1, p + 1) if p % d == 0}
     assert times[best] == min(times.values())
   # The config resolves it at trace time and the result is still exact.
-  config = sj.SparDLConfig(wire="exact", density=0.2, teams="auto", alpha=1.0, beta=1e-12)
+  config = SparDLConfig(wire="exact", density=0.2, teams="auto", alpha=1.0, beta=1e-12)
   p, n = 8, 64
   d, kind = allreduce.resolve_teams(config, p, n, 4)
   assert (d, kind) == (8, "recursive")

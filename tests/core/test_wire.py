@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import spardl_jax as sj
+from spardl_jax.collectives import SparDLConfig
 from spardl_jax.core import cost, schedule
 from tests import formulas, harness, reference
 
@@ -43,7 +43,7 @@ def test_rounding_wire_matches_numpy_model_conserves_and_sends_the_formula(p, d,
                                                                            wire):
   """Three syncs fed back: the model's results and residuals, bit-identical devices,
   conservation to float32 rounding (not the wire's), and the compiled program's bytes."""
-  config = sj.SparDLConfig(density=density, teams=d, sag=sag, wire=wire)
+  config = SparDLConfig(density=density, teams=d, sag=sag, wire=wire)
   rng = np.random.default_rng(p * 7 + d)
   state = harness.rows(p, n, config)
   used = set()
@@ -88,8 +88,8 @@ def test_narrow_gradients_travel_unchanged(dtype):
   rng = np.random.default_rng(0)
   xs = harness.gradients(rng, p, n).astype(dtype)
   rs = (harness.gradients(rng, p, n) * 0.1).astype(dtype)
-  exact = harness.run(xs, rs, sj.SparDLConfig(density=density))
-  compact_config = sj.SparDLConfig(density=density, wire="compact")
+  exact = harness.run(xs, rs, SparDLConfig(density=density))
+  compact_config = SparDLConfig(density=density, wire="compact")
   compact = harness.run(xs, rs, compact_config)
   for got, want in zip(compact, exact):
     np.testing.assert_array_equal(got, want)
@@ -103,7 +103,7 @@ def test_residual_modes_keep_only_the_rounding_error_of_what_was_sent():
   xs = harness.gradients(rng, p, n)
   rs = np.zeros_like(xs)
   for residuals in ("local", "none"):
-    config = sj.SparDLConfig(density=density, residuals=residuals, wire="compact")
+    config = SparDLConfig(density=density, residuals=residuals, wire="compact")
     ys, new_rs = harness.run(xs, rs, config)
     want_y, want_rs = reference.spardl(xs, rs, density, residuals, wire="compact")
     np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
@@ -126,14 +126,14 @@ def test_quantized_values_keep_nonfinite_and_tiny_blocks(wire):
   p, n = 2, 64
   xs = np.full((p, n), 1e-37, np.float32)
   xs[0, 5] = np.nan
-  ys, rs = harness.run(xs, np.zeros_like(xs), sj.SparDLConfig(density=1.0, wire=wire))
+  ys, rs = harness.run(xs, np.zeros_like(xs), SparDLConfig(density=1.0, wire=wire))
   assert not ys.any() and not rs.any()
   xs = np.full((p, n), 3e-38, np.float32)
-  ys, rs = harness.run(xs, np.zeros_like(xs), sj.SparDLConfig(density=1.0, wire=wire))
+  ys, rs = harness.run(xs, np.zeros_like(xs), SparDLConfig(density=1.0, wire=wire))
   harness.assert_conserved(xs, np.zeros_like(xs), ys, rs)
 
 
 def test_bad_wire_is_named():
   with pytest.raises(ValueError, match=r"wire must be one of \('exact', 'compact', 'int8', "
                                        r"'int4', 'int2'\)"):
-    sj.SparDLConfig(density=0.1, wire="bf16")
+    SparDLConfig(density=0.1, wire="bf16")

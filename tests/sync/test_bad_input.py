@@ -8,10 +8,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
+from spardl_jax.collectives import SparDLConfig, SparDLState, sharded_allreduce, spardl_allreduce
 from tests import harness
 
 PARAMS = {"w": jnp.zeros((10,))}
-CFG = sj.SparDLConfig(density=0.5)
+CFG = SparDLConfig(density=0.5)
 
 
 REPLICATED = P()
@@ -29,8 +30,8 @@ def update_with(tx, grads, state, state_specs):
 
 
 def allreduce_nonfinite():
-  state = sj.SparDLState.initial(8)
-  in_shard_map(lambda x: sj.spardl_allreduce(x, state, CFG, axis_name=harness.AXIS,
+  state = SparDLState.initial(8)
+  in_shard_map(lambda x: spardl_allreduce(x, state, CFG, axis_name=harness.AXIS,
                                              nonfinite="ignore")[0], jnp.zeros(8))
 
 
@@ -80,12 +81,12 @@ def apply_if_finite_update():
 
 
 ROWS = [
-    ("SparDLConfig density 0", lambda: sj.SparDLConfig(density=0),
+    ("SparDLConfig density 0", lambda: SparDLConfig(density=0),
      r"SparDLConfig: density must be in \(0, 1\]"),
     ("spardl_allreduce nonfinite", allreduce_nonfinite,
      r"spardl_allreduce: nonfinite must be one of \('skip', 'propagate'\)"),
     ("sharded_allreduce axis not in the mesh",
-     lambda: sj.sharded_allreduce(CFG, harness.mesh(2), "model"),
+     lambda: sharded_allreduce(CFG, harness.mesh(2), "model"),
      r"axis_name='model' is not an axis of the mesh; its axes are \('data',\)"),
     ("sharded nonfinite",
      lambda: sj.methods.sharded(sj.methods.make("dense"), harness.mesh(2), nonfinite="nan"),

@@ -96,7 +96,7 @@ def test_the_held_message_folds_to_the_devices_mean():
   grads = options_test.rows(np.random.default_rng(2), p, 2)
   tx = sj.spardl(density=1.0, delay=1, wire="exact")
   *_, (_, _, state) = synced(tx, grads, p)
-  rules = sj.fold_rules(state)
+  rules = sj.checkpoint.fold_rules(state)
   assert (rules.pending.message, rules.pending.held) == ("mean", "same")
   like = sj.init_opt_state(tx, {"w": jnp.zeros((N,))}, harness.mesh(4))
   folded = sj.checkpoint.refold(jax.device_get(state), like)

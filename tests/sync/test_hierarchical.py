@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
+from spardl_jax.collectives import SparDLConfig
 from spardl_jax.tools import traffic
 from tests import formulas, harness, reference
 
@@ -89,7 +90,7 @@ def test_only_spardl_crosses_hosts_and_beside_host_teams():
   assert dense == [("all-gather", n // L), ("reduce-scatter", n)], dense  # inside the host
   # Today's host_teams(): SparDL on a one-axis mesh of 8 with a team per host (SRS inside
   # the host, R-SAG across): its cross-host part is the SAG's exchange.
-  flat = sj.SparDLConfig(density=density, teams=H, wire="exact")
+  flat = SparDLConfig(density=density, teams=H, wire="exact")
   teams = harness.traffic(8, n, flat)
   host_teams = cross_host_bytes(teams, lambda d: d // L)
   assert host_teams == (formulas.spardl(8, n, density, teams=H)["bytes"]

@@ -24,7 +24,7 @@ class HalfConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ScaledMean(sj.FlatVector):
+class ScaledMean(sj.methods.FlatVector):
   """``scale`` times the mean over the axis: one XLA all-reduce, no state."""
 
   name: ClassVar[str] = "example_scaled_mean"
@@ -41,7 +41,7 @@ class ScaledMean(sj.FlatVector):
     return self.config.scale * jax.lax.pmean(x, axis_name), state
 
   def formula(self, *, p, n, itemsize):
-    return sj.Cost(rounds=2 * (p - 1), bytes=2 * (p - 1) * n * itemsize // p)  # a ring
+    return sj.methods.Cost(rounds=2 * (p - 1), bytes=2 * (p - 1) * n * itemsize // p)  # a ring
 
   def stats(self, *, n, p, itemsize, state, rank):
     return self.formula(p=p, n=n, itemsize=itemsize).bytes, 0
@@ -51,7 +51,7 @@ class ScaledMean(sj.FlatVector):
 def registered():
   """Registered for one test, then removed: other modules' parametrizations read the
   registry when they are collected."""
-  sj.register(ScaledMean)
+  sj.methods.register(ScaledMean)
   yield
   protocol._REGISTRY.pop(ScaledMean.name)
 
@@ -84,11 +84,11 @@ def test_usable_by_name_everywhere(registered, tmp_path):
 
 def test_a_class_missing_a_piece_of_the_protocol_is_refused():
   @dataclasses.dataclass(frozen=True)
-  class Incomplete(sj.FlatVector):
+  class Incomplete(sj.methods.FlatVector):
     name: ClassVar[str] = "example_incomplete"
 
   with pytest.raises(TypeError, match="Incomplete lacks 'summary' of the AllReduce protocol"):
-    sj.register(Incomplete)
+    sj.methods.register(Incomplete)
   with pytest.raises(ValueError, match="the method name 'spardl' is taken"):
-    sj.register(dataclasses.make_dataclass("Other", [], bases=(ScaledMean,), frozen=True,
+    sj.methods.register(dataclasses.make_dataclass("Other", [], bases=(ScaledMean,), frozen=True,
                                            namespace={"name": "spardl"}))

@@ -53,7 +53,7 @@ def test_a_new_state_type_needs_no_edit_elsewhere():
   state_specs = sj.opt_state_specs(tx, params, mesh)
   ours = state_specs[0]
   assert ours == LocalNormState(P(), P(("data", "model")), specs)
-  assert sj.fold_rules(sj.init_opt_state(tx, params, mesh))[0] == LocalNormState(
+  assert sj.checkpoint.fold_rules(sj.init_opt_state(tx, params, mesh))[0] == LocalNormState(
       protocol.FRESH, SUM, {"b": protocol.FRESH, "w": protocol.FRESH})
 
   state = sj.init_opt_state(tx, params, mesh)

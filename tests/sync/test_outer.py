@@ -206,7 +206,7 @@ def test_state_layout_and_fold_rules():
   assert specs.outer[0].trace["w"] == P(None, "model")
   assert specs.count == P()
   alone = sj.diloco(optax.adam(1e-3), sj.spardl(density=0.1, axis_size=4), every=5)
-  rules = sj.fold_rules(jax.eval_shape(alone.init, params))
+  rules = sj.checkpoint.fold_rules(jax.eval_shape(alone.init, params))
   assert rules.offset == {"w": "mean", "b": "mean"}
   assert rules.sync.method_state.residual == "sum"
 

@@ -57,7 +57,7 @@ def test_fold_rules_conserve_mass_and_means():
   # The rules come from the state types: what each leaf of a real optimizer state gets.
   params = {"w": jnp.zeros((40,))}
   tx = optax.MultiSteps(optax.chain(sj.spardl(density=0.1, momentum=0.9), optax.sgd(0.1)), 2)
-  rules = sj.fold_rules(sj.init_opt_state(tx, params, harness.mesh(4)))
+  rules = sj.checkpoint.fold_rules(sj.init_opt_state(tx, params, harness.mesh(4)))
   sync = rules.inner_opt_state[0]
   assert (sync.method_state.residual, sync.velocity, sync.count) == ("sum", "sum", "same")
   assert set(jax.tree.leaves((sync.method_state.controller, sync.stats))) == {"fresh"}
