@@ -30,6 +30,7 @@ from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
                                            opt_state_shardings, opt_state_specs,
                                            sync_state_filter)
 from spardl_jax.sync.outer import DiLoCoState, diloco, replica_params, sparseloco
+from spardl_jax.sync.point import gradient_point
 from spardl_jax.sync.specs import use_param_specs
 from spardl_jax.sync.state import SyncState, SyncStats, sync_stats
 from spardl_jax.sync.transform import powersgd, spardl, sync_gradients
@@ -49,6 +50,7 @@ __all__ = (
     "density_rule",
     "density_warmup",
     "diloco",
+    "gradient_point",
     "distributed",
     "init_opt_state",
     "launch",

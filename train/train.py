@@ -388,9 +388,8 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
 
   # Varying params keep the gradient local (see the module docstring); in an outer loop
   # they are this device's replica.
-  # With a look-ahead, the point one step ahead (sj.lookahead_params).
-  point = sj.lookahead_params(tx, state.opt_state,
-                              sj.replica_params(state.opt_state, state.params))
+  # With a look-ahead, the point one step ahead of that (sj.gradient_point).
+  point = sj.gradient_point(tx, state.opt_state, state.params)
   local_params = jax.lax.pcast(point, axis_name, to="varying")
   (loss, (metric, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(local_params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)

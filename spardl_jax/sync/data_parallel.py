@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from spardl_jax.sync.outer import find_outer, replica_params
-from spardl_jax.sync.placement import ParamLayout, device_spec, state_specs
+from spardl_jax.core.protocol import PER_REPLICA
+from spardl_jax.sync.placement import Place, ParamLayout, device_spec, places, state_specs
+from spardl_jax.sync.point import gradient_point
 from spardl_jax.sync.specs import (check_axis, check_leaf_specs, leaf_specs, local_shape,
                                    restrict, specs_shown, use_param_specs)
 from spardl_jax.sync.state import SyncState
@@ -336,15 +337,16 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
   # On Explicit axes the new parameters' types carry their layout; on Auto ones it is kept.
   auto = all(mesh.axis_types[mesh.axis_names.index(a)] == jax.sharding.AxisType.Auto
              for a in others)
-  tx = optax.with_extra_args_support(tx)
+  built, tx = tx, optax.with_extra_args_support(tx)
 
   def local(params, opt_state, batch, param_specs):
-    if local_axis is not None and find_outer(opt_state) is not None:
-      raise ValueError(f"data_parallel_step: an outer loop (spardl_jax.diloco) runs one "
-                       f"replica per device of {axis_name!r}; with local_axis="
+    where = jax.tree.leaves(places(opt_state), is_leaf=lambda x: isinstance(x, Place))
+    if local_axis is not None and any(place.where == PER_REPLICA for place in where):
+      raise ValueError(f"data_parallel_step: the optimizer state keeps a replica per device "
+                       f"of {axis_name!r} (an outer loop, spardl_jax.diloco); with local_axis="
                        f"{local_axis!r} the devices of a host would drift apart. Drop "
                        f"local_axis.")
-    at = replica_params(opt_state, params)  # an outer loop's replica; else params
+    at = gradient_point(built, opt_state, params)  # a replica, a look-ahead; else params
     out, grads = jax.value_and_grad(_checked_loss(loss_fn, has_aux), has_aux=has_aux)(
         at, *batch)
     updates, opt_state = tx.update(grads, opt_state, params, param_specs=param_specs,

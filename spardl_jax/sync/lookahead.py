@@ -25,6 +25,7 @@ import optax
 from spardl_jax.core import topk
 from spardl_jax.core.allreduce import axis_size
 from spardl_jax.sync import levels, methods, stages, transform
+from spardl_jax.sync.point import moves_the_point
 from spardl_jax.sync.state import SyncState
 
 __all__ = ["lookahead", "lookahead_params", "predicted_delivery"]
@@ -97,11 +98,13 @@ def lookahead(sync: optax.GradientTransformation, *after: optax.GradientTransfor
   return tx
 
 
+@moves_the_point(1)  # from the replica, where an outer loop holds one
 def lookahead_params(tx: optax.GradientTransformation, opt_state, params):
   """The point this device takes its gradient at: ``params`` plus what ``tx``'s
   optimizer would do with this device's estimate of the sync's next delivery
-  (:func:`predicted_delivery`, times the look-ahead's ``scale``), inside the data-parallel ``shard_map``; ``params`` unchanged
-  where ``tx`` is no :func:`lookahead`.
+  (:func:`predicted_delivery`, times the look-ahead's ``scale``), inside the data-parallel
+  ``shard_map``; ``params`` unchanged where ``tx`` is no :func:`lookahead`
+  (:func:`~spardl_jax.gradient_point` applies it with the other moves of the point).
 
   Nothing is stored and no collective runs: the update is taken from the current state and
   dropped. Before the first message is held the estimate is zero (momentum alone moves the

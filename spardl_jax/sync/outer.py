@@ -32,6 +32,7 @@ from spardl_jax.core import protocol
 from spardl_jax.core.protocol import MEAN, PER_REPLICA, REPLICATED, Field
 from spardl_jax.core.config import check_number
 from spardl_jax.sync.placement import ParamLayout, state_specs
+from spardl_jax.sync.point import moves_the_point
 from spardl_jax.sync.specs import leaf_specs
 from spardl_jax.sync.state import SyncState, check_sync_alone, states_in
 from spardl_jax.sync.transform import sync_gradients
@@ -261,6 +262,12 @@ def _placed_like_the_sync(state: DiLoCoState, params) -> DiLoCoState:
   return jax.device_put(state, jax.tree.map(
       lambda spec: NamedSharding(sharding.mesh, spec), specs,
       is_leaf=lambda x: isinstance(x, PartitionSpec)))
+
+
+@moves_the_point(0)
+def _at_the_replica(tx, opt_state, params):
+  del tx  # the state alone says where the replica is
+  return replica_params(opt_state, params)
 
 
 def replica_params(opt_state, params):

@@ -58,18 +58,25 @@ def problem(rng, p, n, same):
   return np.stack([first if same else one() for _ in range(p)])
 
 
+def heavy_ball(problem_rows, steps):
+  """NumPy's undelayed heavy ball on one device's quadratic from zero: the parameters before
+  each step, in float64."""
+  a, c = problem_rows[:-1].astype(np.float64), problem_rows[-1].astype(np.float64)
+  x, v, want = np.zeros(len(c)), np.zeros(len(c)), []
+  for _ in range(steps):
+    want.append(x.copy())
+    v = M * v + a @ (x - c)
+    x = x - LR * v
+  return want
+
+
 def test_delayed_and_looked_ahead_is_the_undelayed_run_one_step_later():
   """Every device the same quadratic, a dense sync: the look-ahead point is exactly where the
   held gradient is applied, so the run is NumPy's undelayed heavy ball one step later (step 0
   moves nothing); without the look-ahead the same rate diverges."""
   p, n, steps = 4, 6, 40
   data = problem(np.random.default_rng(0), p, n, same=True)
-  a, c = data[0, :-1].astype(np.float64), data[0, -1].astype(np.float64)
-  x, v, want = np.zeros(n), np.zeros(n), []
-  for _ in range(steps):
-    want.append(x.copy())
-    v = M * v + a @ (x - c)
-    x = x - LR * v
+  want = heavy_ball(data[0], steps)
   sync = sj.sync_gradients("dense", delay=1)
   tx = sj.lookahead(sync, optax.sgd(LR, momentum=M))
   got = [after["w"] for _, _, after in run(tx, p, {"w": jnp.zeros(n)}, data, quadratic, steps)]
@@ -79,7 +86,28 @@ def test_delayed_and_looked_ahead_is_the_undelayed_run_one_step_later():
   plain = optax.chain(sync, optax.sgd(LR, momentum=M))
   stale = [after["w"] for _, _, after in run(plain, p, {"w": jnp.zeros(n)}, data, quadratic,
                                               steps)]
-  assert np.abs(stale[-1]).max() > 100 * np.abs(c).max()  # unstable without the look-ahead
+  assert np.abs(stale[-1]).max() > 100 * np.abs(data[0, -1]).max()  # unstable without the look-ahead
+
+
+def test_data_parallel_step_and_gradient_point_look_ahead_too():
+  """The same run through ``sj.data_parallel_step`` (which asks ``sj.gradient_point``, as the
+  trainer does): NumPy's undelayed heavy ball one step later; and ``gradient_point`` of a
+  look-ahead chain is ``lookahead_params``'s point, of a plain chain ``params`` itself."""
+  p, n, steps = 4, 6, 30
+  data = problem(np.random.default_rng(0), p, n, same=True)
+  want = heavy_ball(data[0], steps)
+  tx = sj.lookahead(sj.sync_gradients("dense", delay=1), optax.sgd(LR, momentum=M))
+  mesh = harness.mesh(p)
+  step = sj.data_parallel_step(lambda params, batch: quadratic(params, batch[0]), tx, mesh)
+  params = {"w": jnp.zeros(n)}
+  state = sj.init_opt_state(tx, params, mesh)
+  batch = harness.put_rows(p, jnp.asarray(data))
+  for t in range(steps):  # step t delivers the gradient of step t - 1 (step 0: nothing)
+    params, state, _ = step(params, state, batch)
+    np.testing.assert_allclose(params["w"], want[t], rtol=1e-4,
+                               atol=1e-4 * np.abs(want[t]).max())
+  plain = optax.chain(sj.spardl(delay=1), optax.sgd(LR))
+  assert sj.gradient_point(plain, None, params) is params
 
 
 def largest(v, k):

@@ -283,7 +283,7 @@ def test_a_hierarchical_sync_is_refused_in_an_outer_loop():
   step = sj.data_parallel_step(lambda w, x: jnp.sum(x @ w), tx, mesh, axis_name="host",
                                local_axis="local")
   x = jax.device_put(jnp.ones((4, N)), jax.sharding.NamedSharding(mesh, P(("host", "local"))))
-  with pytest.raises(ValueError, match="one replica per device of 'host'.*Drop local_axis"):
+  with pytest.raises(ValueError, match="a replica per device of 'host'.*Drop local_axis"):
     step(params, state, x)
 
 
