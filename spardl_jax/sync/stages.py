@@ -49,7 +49,7 @@ from spardl_jax.sync.state import LeafShapes, Pending, SyncState, SyncStats
 __all__ = ['SyncOptions', 'init', 'update', 'init_local', 'update_local', 'check_state',
            'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats',
            'level_index', 'merge_float_leaves', 'with_float_leaves', 'UNORDERED_COLLECTIVES',
-           'waits_for_gradient', 'message_size', 'unpack', 'hold']
+           'waits_for_gradient', 'message_size', 'unpack', 'hold', 'LevelRun', 'Agreed']
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -160,6 +160,31 @@ class Trace(NamedTuple):
   dtype: Any
   levels: tuple[levels.Level, ...]
   p: int
+
+
+class LevelRun(NamedTuple):
+  """What stage 3 (:func:`run_level`) hands on: the method's result ``y``, its new local
+  state, the bytes it sent and SAG's ``h`` (typed alike for every level, so that
+  ``lax.switch`` can choose among them), the level that ran, and the local state as that
+  level saw it (restarted on entering a sparse level): what a skipped step keeps."""
+
+  y: jax.Array
+  state: Any
+  bytes_sent: jax.Array
+  h: jax.Array
+  level: jax.Array
+  before: Any
+
+
+class Agreed(NamedTuple):
+  """What stage 4 (:func:`agree_on_nonfinite`) hands on: the level's run (zeroed and its
+  state restored where the step is skipped), the dense leaves' means, the velocity after
+  masking, and ``bad``, whether any device saw a non-finite value."""
+
+  run: LevelRun
+  means: list
+  velocity: Any
+  bad: jax.Array
 
 
 def _float_leaves(tree) -> tuple[list, Any]:
@@ -349,12 +374,12 @@ def local_gradient(options: SyncOptions, flat, dense: list, old_velocity, p: int
   return velocity, dense, velocity
 
 
-def _run_one(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, axis_name,
-             decay: float | None):
-  """One level's sync of ``x``: ``(y, new_local, bytes_sent, h)``, typed alike for every
-  level so that ``lax.switch`` can choose among them. ``decay`` scales the residual first
+def _run_one(level: levels.Level, x, local, index, *, n: int, p: int, itemsize: int,
+             axis_name, decay: float | None) -> LevelRun:
+  """One level's sync of ``x`` (the level ``index``). ``decay`` scales the residual first
   (SparseLoCo's ``e <- beta e + delta``); the state a skipped step restores is the one
   before it."""
+  before = local
   owed = protocol.residual(local)
   if decay is not None and owed is not None:  # init refused a decay without a residual
     owed = jnp.asarray(decay * owed, owed.dtype)
@@ -368,7 +393,8 @@ def _run_one(level: levels.Level, x, local, *, n: int, p: int, itemsize: int, ax
     y, local = level.allreduce.apply(x, local, axis_name=axis_name)
     bytes_sent, h = level.allreduce.stats(n=n, p=p, itemsize=itemsize, state=local,
                                           rank=jax.lax.axis_index(axis_name))
-  return y, local, jnp.asarray(bytes_sent, jnp.float32), jnp.asarray(h, jnp.int32)
+  return LevelRun(y, local, jnp.asarray(bytes_sent, jnp.float32), jnp.asarray(h, jnp.int32),
+                  index, before)
 
 
 def level_index(levels_, count) -> jax.Array:
@@ -378,14 +404,13 @@ def level_index(levels_, count) -> jax.Array:
   return (jnp.sum(count >= starts) - 1).astype(jnp.int32)
 
 
-def run_level(options: SyncOptions, trace: Trace, x, local, count):
-  """Stage 3: the level of sync ``count`` runs (``lax.switch`` among compiled levels):
-  ``(y, new_local, bytes_sent, h, level index, local as the level saw it)``."""
+def run_level(options: SyncOptions, trace: Trace, x, local, count) -> LevelRun:
+  """Stage 3: the level of sync ``count`` runs (``lax.switch`` among compiled levels)."""
   run = functools.partial(_run_one, n=trace.layout.n, p=trace.p,
                           itemsize=np.dtype(trace.dtype).itemsize, axis_name=options.axis_name,
                           decay=options.residual_decay)
   if len(trace.levels) == 1:
-    return (*run(trace.levels[0], x, local), jnp.zeros((), jnp.int32), local)
+    return run(trace.levels[0], x, local, jnp.zeros((), jnp.int32))
   starts = np.array([level.start for level in trace.levels])
   index = level_index(trace.levels, count)
   # Entering a sparse level restarts the method's other state for its size; the residual
@@ -396,30 +421,32 @@ def run_level(options: SyncOptions, trace: Trace, x, local, count):
   if owed is not None:
     fresh = fresh._replace(residual=owed)
   local = jax.tree.map(lambda a, b: jnp.where(entering, a, b), fresh, local)
-  y, new_local, bytes_sent, h = jax.lax.switch(
-      index, [functools.partial(run, level) for level in trace.levels], x, local)
-  return y, new_local, bytes_sent, h, index, local
+  return jax.lax.switch(index, [functools.partial(run, level) for level in trace.levels],
+                        x, local, index)
 
 
-def agree_on_nonfinite(options: SyncOptions, trace: Trace, x, y, dense, local, new_local,
-                       velocity, old_velocity, index):
+def agree_on_nonfinite(options: SyncOptions, trace: Trace, x, run: LevelRun, means: list,
+                       velocity, old_velocity) -> Agreed:
   """Stage 4: DGC's momentum factor masking, then the non-finite guard every device
-  agrees on (the dense leaves' means included): ``(y, dense, new_local, velocity, bad)``."""
-  bad = nonfinite_policy.any_device(options.reaches_result, x, local, y, options.axis_name)
-  for mean in dense:  # the dense leaves' means, the same on every device
+  agrees on (the dense leaves' ``means`` included); ``old_velocity`` is what a skipped
+  step keeps."""
+  y, new_local = run.y, run.state
+  bad = nonfinite_policy.any_device(options.reaches_result, x, run.before, y,
+                                    options.axis_name)
+  for mean in means:  # the dense leaves' means, the same on every device
     bad |= ~jnp.all(jnp.isfinite(mean))
   others = tuple(a for a in bound_axes() if a != options.axis_name)
   if others:  # every column skips, or none: a step is never applied to some shards only
     bad = jax.lax.pmax(bad.astype(jnp.int32), others) > 0
   if velocity is not None and options.momentum_masking:
-    sparse = ~jnp.asarray([level.dense for level in trace.levels])[index]
+    sparse = ~jnp.asarray([level.dense for level in trace.levels])[run.level]
     velocity = jnp.where(sparse & (y != 0), jnp.zeros_like(velocity), velocity)
   if options.nonfinite == "skip":
-    y, new_local = nonfinite_policy.skip_if(bad, y, new_local, local)
-    dense = [jnp.where(bad, jnp.zeros_like(mean), mean) for mean in dense]
+    y, new_local = nonfinite_policy.skip_if(bad, y, new_local, run.before)
+    means = [jnp.where(bad, jnp.zeros_like(mean), mean) for mean in means]
     if velocity is not None:
       velocity = jnp.where(bad, old_velocity[0], velocity)
-  return y, dense, new_local, velocity, bad
+  return Agreed(run._replace(y=y, state=new_local), means, velocity, bad)
 
 
 def dense_bytes(p: int, n: int, itemsize: int) -> int:
@@ -427,18 +454,23 @@ def dense_bytes(p: int, n: int, itemsize: int) -> int:
   return dense_formula(p, n, itemsize).bytes
 
 
-def next_stats(trace: Trace, y, new_local, bytes_sent, h, bad, index, old: SyncStats
-               ) -> SyncStats:
-  """Stage 5: this sync's :class:`SyncStats`, from what every device already holds."""
-  residual = protocol.residual(new_local)
-  density = jnp.asarray([level.density for level in trace.levels], jnp.float32)[index]
+def next_stats(trace: Trace, agreed: Agreed, old: SyncStats) -> SyncStats:
+  """Stage 5: this sync's :class:`SyncStats`, from what every device already holds. The
+  dense leaves' entries count among those delivered, and their one ``pmean`` among the
+  bytes (as the dense method counts its own)."""
+  run = agreed.run
+  residual = protocol.residual(run.state)
+  density = jnp.asarray([level.density for level in trace.levels], jnp.float32)[run.level]
+  itemsize = np.dtype(trace.dtype).itemsize
   return SyncStats(
-      selected=jnp.count_nonzero(y).astype(jnp.int32)[None],
-      bytes_sent=bytes_sent[None],
-      h=h[None],
+      selected=(jnp.count_nonzero(run.y).astype(jnp.int32)
+                + sum(jnp.count_nonzero(m) for m in agreed.means))[None],
+      bytes_sent=(run.bytes_sent
+                  + sum(dense_bytes(trace.p, m.size, itemsize) for m in agreed.means))[None],
+      h=run.h[None],
       residual_norm=(jnp.zeros((1,), jnp.float32) if residual is None else
                      jnp.linalg.norm(residual.astype(jnp.float32))[None]),
-      nonfinite=old.nonfinite + bad.astype(jnp.int32),
+      nonfinite=old.nonfinite + agreed.bad.astype(jnp.int32),
       density=density[None])
 
 
@@ -465,23 +497,16 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None,
   else:
     x = layout.flatten(sparse, dtype)
   x, kept, velocity = local_gradient(options, x, kept, state.velocity, trace.p)
-  y, new_local, bytes_sent, h, index, local = run_level(options, trace, x, local,
-                                                        state.count[0])
-  # The dense leaves: one pmean of their concatenation (one all-reduce, counted as the dense
-  # method counts its bytes).
+  run = run_level(options, trace, x, local, state.count[0])
+  # The dense leaves: one pmean of their concatenation (one all-reduce).
   means = [jax.lax.pmean(flat_vector.concat(kept, dtype), options.data_axes)] if kept else []
-  y, means, new_local, velocity, bad = agree_on_nonfinite(
-      options, trace, x, y, means, local, new_local, velocity, state.velocity, index)
-  bytes_sent += sum(dense_bytes(p, v.size, np.dtype(dtype).itemsize) for v in means)
-  new_state = SyncState(jax.tree.map(lambda a: a[None], new_local),
-                        None if velocity is None else velocity[None], state.count + 1,
-                        next_stats(trace, y, new_local, bytes_sent, h, bad, index, state.stats),
+  agreed = agree_on_nonfinite(options, trace, x, run, means, velocity, state.velocity)
+  new_state = SyncState(jax.tree.map(lambda a: a[None], agreed.run.state),
+                        None if agreed.velocity is None else agreed.velocity[None],
+                        state.count + 1, next_stats(trace, agreed, state.stats),
                         state.leaves, state.pending)
-  if means:  # the dense leaves' entries count among those the sync delivered
-    new_state = new_state._replace(stats=new_state.stats._replace(
-        selected=new_state.stats.selected + sum(jnp.count_nonzero(m) for m in means)))
-  synced = merge_float_leaves(dense, layout.unflatten(y, sparse),
-                              flat_vector.split(means[0], kept) if means else [])
+  synced = merge_float_leaves(dense, layout.unflatten(agreed.run.y, sparse),
+                              flat_vector.split(agreed.means[0], kept) if agreed.means else [])
   if options.delay:
     synced, new_state = hold(layout, floats, dense, synced, state, new_state, next_message)
   elif next_message is not None:
