@@ -23,7 +23,6 @@ from jax.sharding import PartitionSpec
 import spardl_jax.baselines  # noqa: F401  (registers the competitors)
 import spardl_jax.core.allreduce  # noqa: F401  (registers SparDL)
 from spardl_jax.core import protocol
-from spardl_jax.core.config import SparDLConfig
 from spardl_jax.core.nonfinite import NonFinite, any_device, check_policy, skip_if
 from spardl_jax.core.protocol import AllReduce, Cost, FlatVector, register
 from spardl_jax.core.topk import default_method as default_selection
@@ -32,7 +31,7 @@ from spardl_jax.sync.density import AUTO, at_devices
 __all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'parse_density',
            'parse_int_or_none', 'split_spec',
            'parse', 'make', 'describe', 'init_rows', 'abstract_rows', 'sharded',
-           'sharded_allreduce', 'default_selection', 'AUTO',
+           'default_selection', 'AUTO',
            # The protocol a method implements, and its registration (docs/new-method.md).
            'AllReduce', 'Cost', 'FlatVector', 'register']
 
@@ -46,7 +45,8 @@ def names() -> tuple[str, ...]:
 def from_config(config) -> AllReduce:
   """The registered method whose options class ``config`` is an instance of, built with it.
 
-    >>> from_config(SparDLConfig(density=0.01)).name
+    >>> import spardl_jax as sj
+    >>> from_config(sj.collectives.SparDLConfig(density=0.01)).name
     'spardl'
   """
   for cls in protocol.registered().values():
@@ -217,8 +217,3 @@ def sharded(method: AllReduce, mesh: jax.sharding.Mesh, axis_name: str = "data",
   return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(rows, rows), out_specs=(rows, rows)))
 
 
-def sharded_allreduce(config: SparDLConfig, mesh: jax.sharding.Mesh, axis_name: str = "data",
-                      *, nonfinite: NonFinite = "skip"):
-  """:func:`sharded` for SparDL with ``config``; state from
-  ``init_rows(from_config(config), ...)``."""
-  return sharded(from_config(config), mesh, axis_name, nonfinite=nonfinite)
