@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -23,13 +25,14 @@ from jax.sharding import PartitionSpec
 import spardl_jax.baselines  # noqa: F401  (registers the competitors)
 import spardl_jax.core.allreduce  # noqa: F401  (registers SparDL)
 from spardl_jax.core import protocol
+from spardl_jax.core.config import SparDLConfig
 from spardl_jax.core.nonfinite import NonFinite, any_device, check_policy, skip_if
 from spardl_jax.core.protocol import AllReduce, Cost, FlatVector, register
 from spardl_jax.core.topk import default_method as default_selection
 from spardl_jax.sync.density import AUTO, at_devices
 
 __all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'parse_density',
-           'parse_int_or_none', 'split_spec',
+           'option_parser', 'split_spec',
            'parse', 'make', 'describe', 'init_rows', 'abstract_rows', 'sharded',
            'default_selection', 'AUTO',
            # The protocol a method implements, and its registration (docs/new-method.md).
@@ -61,36 +64,50 @@ def is_sparse(name: str) -> bool:
   return protocol.registered()[name].sparse
 
 
-def parse_teams(text: str):
-  """A ``teams`` value from text: an int or ``'auto'``."""
-  return text if text == "auto" else int(text)
+def option_parser(hint) -> Callable[[str], Any]:
+  """How ``key=value`` text becomes an option annotated ``hint``: ``int`` and ``float`` as
+  themselves, a ``Literal`` (or ``str``) as the text (its config checks the choice), an
+  optional one with ``'none'`` for None, and one that may also be a literal (``int |
+  Literal['auto']``) with that literal kept as text."""
+  args = typing.get_args(hint)
+  if typing.get_origin(hint) in (typing.Union, types.UnionType):
+    literals = {a for arg in args if typing.get_origin(arg) is typing.Literal
+                for a in typing.get_args(arg)}
+    rest = [arg for arg in args if arg is not type(None) and typing.get_origin(arg) is None]
+    inner = option_parser(rest[0]) if len(rest) == 1 else str
+
+    def parse(text: str):
+      if type(None) in args and text.lower() == "none":
+        return None
+      return text if text in literals else inner(text)
+    parse.__name__ = " or ".join([getattr(inner, "__name__", "value"),
+                                  *map(repr, sorted(literals)),
+                                  *(["'none'"] if type(None) in args else [])])
+    return parse
+  return hint if hint in (int, float) else str
 
 
 def parse_density(text: str):
-  """A ``density`` value from text: a number or ``'auto'`` (picked from the devices; any
-  case)."""
+  """A ``density`` value from text: a number or ``'auto'`` (picked from the devices when
+  the method is made, so no config's type says it; any case)."""
   return AUTO if text.strip().lower() == AUTO else float(text)
 
 
 parse_density.__name__ = "density (a number in (0, 1], or 'auto')"
-
-
-def parse_int_or_none(text: str):
-  """An option that is an int or None from text: ``'none'`` for None."""
-  return None if text.lower() == "none" else int(text)
+# A ``teams`` value from text (an int or 'auto'), as a spec reads it: for a command line.
+parse_teams = option_parser(typing.get_type_hints(SparDLConfig)["teams"])
 
 
 def _option_types() -> dict[str, Callable[[str], Any]]:
-  """How ``key=value`` text becomes each registered config's option."""
-  types: dict[str, Callable[[str], Any]] = {}
+  """How ``key=value`` text becomes each registered config's option, from its type."""
+  types_: dict[str, Callable[[str], Any]] = {}
   for cls in protocol.registered().values():
-    for field in dataclasses.fields(cls.Config) if cls.Config else ():
-      kind = field.type if isinstance(field.type, str) else field.type.__name__
-      types[field.name] = (parse_teams if field.name == "teams" else
-                           parse_density if field.name == "density" else
-                           int if kind == "int" else float if kind == "float" else
-                           parse_int_or_none if kind == "int | None" else str)
-  return types
+    if cls.Config:
+      hints = typing.get_type_hints(cls.Config)
+      for field in dataclasses.fields(cls.Config):
+        types_[field.name] = (parse_density if field.name == "density" else
+                              option_parser(hints[field.name]))
+  return types_
 
 
 def split_spec(text: str) -> tuple[str, list[str]]:

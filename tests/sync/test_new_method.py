@@ -3,7 +3,7 @@ registered from this module, is usable by name in the optax sync, in a trainer s
 the benchmark, with nothing else changed."""
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -92,3 +92,19 @@ def test_a_class_missing_a_piece_of_the_protocol_is_refused():
   with pytest.raises(ValueError, match="the method name 'spardl' is taken"):
     sj.methods.register(dataclasses.make_dataclass("Other", [], bases=(ScaledMean,), frozen=True,
                                            namespace={"name": "spardl"}))
+
+
+def test_a_specs_text_is_read_by_each_options_annotation():
+  """``key=value`` text becomes what each field's annotation says, for any method's Config:
+  the number types, a Literal as its text, ``none`` for an optional one, a literal beside a
+  number kept as text; a value of neither is refused naming what it allows."""
+  cases = [(int, "3", 3), (float, "0.25", 0.25), (Literal["a", "b"], "b", "b"),
+           (int | None, "none", None), (int | None, "4", 4),
+           (int | Literal["auto"], "auto", "auto"), (int | Literal["auto"], "2", 2)]
+  for hint, text, want in cases:
+    got = sj.methods.option_parser(hint)(text)
+    assert got == want and type(got) is type(want), (hint, text, got)
+  parse = sj.methods.option_parser(int | Literal["auto"])
+  with pytest.raises(ValueError):
+    parse("many")
+  assert parse.__name__ == "int or 'auto'"
