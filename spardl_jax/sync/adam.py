@@ -25,7 +25,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from spardl_jax.core import protocol
 from spardl_jax.core.config import check_number
+from spardl_jax.core.protocol import SAME, Field
 from spardl_jax.sync.methods import is_sparse, names
 from spardl_jax.sync.state import check_sync_alone
 from spardl_jax.sync.transform import built_with, dense_warmup, sync_gradients
@@ -41,6 +43,15 @@ SecondMoment = Literal["frozen", "sent"]
 SECOND_MOMENTS: tuple[str, ...] = typing.get_args(SecondMoment)
 
 
+# Adam's moments and counts are the same on every device (the frozen Adam's because the
+# sync before it delivers the same mean everywhere, the synced Adam's because its sync does):
+# a restore onto another device count keeps them. Placed where they would be anyway (the
+# moments like the parameters, the counts replicated); the sync's state declares its own.
+_SAME_EVERYWHERE = {"count": Field(fold=SAME), "mu": Field(fold=SAME), "nu": Field(fold=SAME),
+                    "nu_count": Field(fold=SAME)}
+
+
+@protocol.layout(**_SAME_EVERYWHERE)
 class ScaleByFrozenAdamState(NamedTuple):
   """State of :func:`scale_by_frozen_adam`.
 
@@ -140,6 +151,7 @@ def _scaled(mu, nu, count, nu_count, b1, b2, eps):
                       _preconditioner(nu, nu_count, b2, eps))
 
 
+@protocol.layout(**_SAME_EVERYWHERE, sent_at=Field(fold=SAME))
 class ScaleBySyncedAdamState(NamedTuple):
   """State of :func:`scale_by_synced_adam`.
 

@@ -212,3 +212,25 @@ def test_synced_adam_bad_input_is_named():
     sj.init_opt_state(sj.scale_by_synced_adam(optax.chain(sj.spardl(), optax.sgd(1.0)),
                                               freeze_step=3),
                       {"w": jnp.zeros((4,))}, harness.mesh(2))
+
+
+def test_adams_moments_declare_the_same_on_every_device_and_survive_a_refold():
+  """Adam's moments and counts are declared SAME (the sync's state keeps its own rules) and
+  placed like the parameters; restored onto another device count they come back whole."""
+  import jax
+  params = {"w": jnp.zeros((4, 3)), "b": jnp.zeros(3)}
+  tx = sj.synced_adamw(1e-3, warmup_steps=2, density=0.1)
+  state = sj.init_opt_state(tx, params, harness.mesh(4))
+  rules = sj.checkpoint.fold_rules(state)[0]
+  assert set(jax.tree.leaves(rules._replace(sync=()))) == {"same"}
+  assert jax.tree.leaves(rules.sync.method_state.residual) == ["sum"]
+  rng = np.random.default_rng(0)
+  saved = jax.tree.map(lambda a: np.asarray(rng.normal(size=a.shape), a.dtype), state)
+  like = sj.init_opt_state(tx, params, harness.mesh(2))
+  back = sj.checkpoint.refold(saved, like)[0]
+  for got, want in zip(jax.tree.leaves(back._replace(sync=())),
+                       jax.tree.leaves(saved[0]._replace(sync=()))):
+    np.testing.assert_array_equal(np.asarray(got), want)
+  np.testing.assert_allclose(np.asarray(back.sync.method_state.residual, np.float64).sum(0),
+                             np.asarray(saved[0].sync.method_state.residual,
+                                        np.float64).sum(0), rtol=1e-5, atol=1e-5)
