@@ -16,7 +16,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkab
 import jax
 
 __all__ = ['AllReduce', 'Cost', 'PaperCost', 'SUM', 'SAME', 'MEAN', 'FRESH', 'FOLD_RULES',
-           'PER_DEVICE', 'PER_REPLICA', 'REPLICATED', 'PLACES', 'Field', 'declare_layout',
+           'PER_DEVICE', 'PER_REPLICA', 'REPLICATED', 'LIKE_PARAMS', 'PLACES', 'Field', 'declare_layout',
            'layout', 'folds', 'declared_fields', 'HasResidual', 'residual', 'FlatVector',
            'register', 'registered', 'build']
 
@@ -114,7 +114,8 @@ FOLD_RULES = (SUM, SAME, MEAN, FRESH)
 PER_DEVICE = "per_device"    # one row per device of the mesh: a leading axis, (P, ...) in all
 PER_REPLICA = "per_replica"  # a leading axis over the data axis; under it, laid out as alone
 REPLICATED = "replicated"    # the same on every device, stored once
-PLACES = (PER_DEVICE, PER_REPLICA, REPLICATED)
+LIKE_PARAMS = "like_params"  # shaped like the parameters: each leaf laid out as its parameter
+PLACES = (PER_DEVICE, PER_REPLICA, REPLICATED, LIKE_PARAMS)
 
 
 class Field(NamedTuple):

@@ -27,7 +27,7 @@ import optax
 
 from spardl_jax.core import protocol
 from spardl_jax.core.config import check_number
-from spardl_jax.core.protocol import SAME, Field
+from spardl_jax.core.protocol import LIKE_PARAMS, REPLICATED, SAME, Field
 from spardl_jax.sync.methods import is_sparse, names
 from spardl_jax.sync.state import check_sync_alone
 from spardl_jax.sync.transform import built_with, dense_warmup, sync_gradients
@@ -45,13 +45,13 @@ SECOND_MOMENTS: tuple[str, ...] = typing.get_args(SecondMoment)
 
 # Adam's moments and counts are the same on every device (the frozen Adam's because the
 # sync before it delivers the same mean everywhere, the synced Adam's because its sync does):
-# a restore onto another device count keeps them. Placed where they would be anyway (the
-# moments like the parameters, the counts replicated); the sync's state declares its own.
-_SAME_EVERYWHERE = {"count": Field(fold=SAME), "mu": Field(fold=SAME), "nu": Field(fold=SAME),
-                    "nu_count": Field(fold=SAME)}
+# a restore onto another device count keeps them. The moments (and the per-coordinate
+# counts) lie like the parameters, the step counts replicated; the sync's state declares its
+# own.
+_LIKE, _ONCE = Field(LIKE_PARAMS, SAME), Field(REPLICATED, SAME)
 
 
-@protocol.layout(**_SAME_EVERYWHERE)
+@protocol.layout(count=_ONCE, mu=_LIKE, nu=_LIKE, nu_count=_ONCE)
 class ScaleByFrozenAdamState(NamedTuple):
   """State of :func:`scale_by_frozen_adam`.
 
@@ -151,7 +151,7 @@ def _scaled(mu, nu, count, nu_count, b1, b2, eps):
                       _preconditioner(nu, nu_count, b2, eps))
 
 
-@protocol.layout(**_SAME_EVERYWHERE, sent_at=Field(fold=SAME))
+@protocol.layout(count=_ONCE, mu=_LIKE, nu=_LIKE, nu_count=_LIKE, sent_at=_LIKE)
 class ScaleBySyncedAdamState(NamedTuple):
   """State of :func:`scale_by_synced_adam`.
 

@@ -11,7 +11,9 @@ per device so that every device keeps, and a checkpoint saves, its own:
 * ``PER_REPLICA``: a leading axis over the data axis, the rest laid out as the leaf would be
   alone (a parameter's offset ``(P, *shape)`` with ``PartitionSpec(axis_name, *its spec)``):
   an outer loop's replicas (:class:`~spardl_jax.DiLoCoState`).
-* shaped like the parameters: each leaf the parameter's spec (momentum, Adam's moments);
+* ``LIKE_PARAMS``: shaped like the parameters, each leaf laid out as its parameter (momentum,
+  Adam's moments). A state type may declare it (Adam's do; a field that is not so shaped is
+  refused) or leave it to be recognised by shape (optax's own states);
 * the rest replicated.
 
 Each state type declares its fields once; :func:`places` walks a state by those declarations,
@@ -27,13 +29,11 @@ import jax
 from jax.sharding import PartitionSpec
 
 from spardl_jax.core import protocol
-from spardl_jax.core.protocol import FRESH, PER_DEVICE, PER_REPLICA, REPLICATED
+from spardl_jax.core.protocol import FRESH, LIKE_PARAMS, PER_DEVICE, PER_REPLICA, REPLICATED
 from spardl_jax.sync.specs import axes_of
 
 __all__ = ['LIKE_PARAMS', 'device_axes', 'device_spec', 'ParamLayout', 'Place', 'places',
            'state_specs', 'fold_rules']
-
-LIKE_PARAMS = "like_params"  # a leaf of a subtree shaped like the parameters: its spec
 
 
 def device_axes(axis_names, axis_name: str) -> tuple[str, ...]:
@@ -106,7 +106,12 @@ def places(tree, *, params: ParamLayout | None = None, rows: PartitionSpec | Non
       alone = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), node)
       return jax.tree.map(lambda place: Place(PER_REPLICA, place.fold, place.spec),
                           walk(alone, None, rule), is_leaf=_is_place)
-    if where is None and params is not None and params.matches(node):
+    if where == LIKE_PARAMS and params is not None and not params.matches(node):
+      raise ValueError(f"spardl_jax: a state field declared like the parameters holds "
+                       f"{jax.tree.structure(node)} with shapes "
+                       f"{[tuple(x.shape) for x in jax.tree.leaves(node)]}, not the "
+                       f"parameters' local shapes {params.local_shapes}.")
+    if where in (None, LIKE_PARAMS) and params is not None and params.matches(node):
       return jax.tree.unflatten(params.treedef,
                                 [Place(LIKE_PARAMS, rule, spec) for spec in params.specs])
     leaves = jax.tree.leaves(node)

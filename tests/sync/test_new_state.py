@@ -8,12 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
 from spardl_jax.core import protocol
-from spardl_jax.core.protocol import PER_DEVICE, REPLICATED, SUM, Field
+from spardl_jax.core.protocol import LIKE_PARAMS, PER_DEVICE, REPLICATED, SUM, Field
 
 
 @protocol.layout(steps=Field(REPLICATED), local_sq=Field(PER_DEVICE, SUM))
@@ -76,3 +77,26 @@ def test_a_new_state_type_needs_no_edit_elsewhere():
   np.testing.assert_allclose(np.asarray(state[0].local_sq), expected, rtol=1e-5)
   assert int(state[0].steps) == 2
   assert params["w"].sharding.spec == P(None, "model")  # Explicit axes: kept by its type
+
+
+@protocol.layout(moment=Field(LIKE_PARAMS))
+class DeclaredLikeParams(NamedTuple):
+  """A field declared to lie like the parameters."""
+
+  moment: optax.Updates
+
+
+def test_a_field_declared_like_the_parameters_follows_them_or_is_refused():
+  mesh = jax.make_mesh((4, 2), ("data", "model"), devices=jax.devices()[:8],
+                       axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  specs = {"b": P(), "w": P(None, "model")}
+  params = {k: jax.device_put(jnp.zeros(shape), NamedSharding(mesh, specs[k]))
+            for k, shape in (("b", (4,)), ("w", (6, 4)))}
+  like = optax.GradientTransformation(
+      lambda p: DeclaredLikeParams(jax.tree.map(jnp.zeros_like, p)), None)
+  got = sj.opt_state_specs(like, params, mesh)
+  assert got.moment == specs
+  wrong = optax.GradientTransformation(lambda p: DeclaredLikeParams(jnp.zeros(3)), None)
+  with pytest.raises(ValueError, match="declared like the parameters .* not the parameters' "
+                                       "local shapes"):
+    sj.opt_state_specs(wrong, params, mesh)
