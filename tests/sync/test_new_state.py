@@ -43,12 +43,18 @@ def track_local_norm(decay: float = 0.5) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def test_a_new_state_type_needs_no_edit_elsewhere():
+def sharded_params():
+  """A (data 4, model 2) mesh and parameters on it, ``w`` sharded over ``model``."""
   mesh = jax.make_mesh((4, 2), ("data", "model"), devices=jax.devices()[:8],
                        axis_types=(jax.sharding.AxisType.Explicit,) * 2)
   specs = {"b": P(), "w": P(None, "model")}
   params = {k: jax.device_put(jnp.zeros(shape), NamedSharding(mesh, specs[k]))
             for k, shape in (("b", (4,)), ("w", (6, 4)))}
+  return mesh, specs, params
+
+
+def test_a_new_state_type_needs_no_edit_elsewhere():
+  mesh, specs, params = sharded_params()
   tx = optax.chain(track_local_norm(), sj.spardl(density=1.0, wire="exact"), optax.sgd(0.1))
 
   state_specs = sj.opt_state_specs(tx, params, mesh)
@@ -87,11 +93,7 @@ class DeclaredLikeParams(NamedTuple):
 
 
 def test_a_field_declared_like_the_parameters_follows_them_or_is_refused():
-  mesh = jax.make_mesh((4, 2), ("data", "model"), devices=jax.devices()[:8],
-                       axis_types=(jax.sharding.AxisType.Explicit,) * 2)
-  specs = {"b": P(), "w": P(None, "model")}
-  params = {k: jax.device_put(jnp.zeros(shape), NamedSharding(mesh, specs[k]))
-            for k, shape in (("b", (4,)), ("w", (6, 4)))}
+  mesh, specs, params = sharded_params()
   like = optax.GradientTransformation(
       lambda p: DeclaredLikeParams(jax.tree.map(jnp.zeros_like, p)), None)
   got = sj.opt_state_specs(like, params, mesh)
