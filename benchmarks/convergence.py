@@ -364,6 +364,22 @@ def format_table(rows: list[dict]) -> str:
         f"{fmt(r['steps_ratio'], '.2f')} | {fmt(r['steps_ratio_best'], '.2f')} | "
         f"{np.mean(r['final']):.3f} ({finals}) | "
         f"{fmt(r['bytes_to_target'], ',.0f')} | {fmt(r['bytes_ratio'], '.3f')} |")
+  return "\n".join(lines) + ("\n\n" + final_table(rows) if loss else "")
+
+
+def final_table(rows: list[dict]) -> str:
+  """Where each variant ends against dense, and what a step of it sends: its final test
+  loss (the mean over its seeds), that over dense's, its bytes a step over the whole run
+  (each device's mean, a dense warm-up included) and dense's over those."""
+  lines = ["| case | variant | final test loss | × dense's | bytes a step (run mean) | "
+           "dense ÷ it |", "|---|---|---:|---:|---:|---:|"]
+  dense = {r["case"]: r for r in rows if r["key"] == "dense"}
+  for r in rows:
+    base = dense[r["case"]]
+    lines.append(
+        f"| {r['case']} | {r['variant']} | {np.mean(r['final']):.3f} | "
+        f"{np.mean(r['final']) / np.mean(base['final']):.3f} | {r['bytes_per_step']:,.0f} | "
+        f"{base['bytes_per_step'] / r['bytes_per_step']:.1f} |")
   return "\n".join(lines)
 
 

@@ -137,3 +137,20 @@ def test_the_selection_pages_gpu_tables_are_its_raw_files():
   one_rank = {(r["n"], r["method"]): r["one_rank_s"] * 1e3 for r in ranks}
   assert f"{one_rank[66_000_000, 'spardl']:.2f} ms at n = 66M" in page
   assert f"at 14.7M it\ntakes {one_rank[14_700_000, 'spardl']:.2f} ms" in page
+
+
+def test_the_nanogpt_report_re_renders_and_adam_md_copies_it(tmp_path, capsys):
+  """The nanoGPT case's report (both tables) from the variants' raw results, and adam.md's
+  copies of its tables, line for line."""
+  from benchmarks import convergence
+  folder = os.path.join(RESULTS, "adam", "nanogpt")
+  dirs = sorted(d for d in glob.glob(os.path.join(folder, "*")) if os.path.isdir(d)
+                and os.path.basename(d) != "table")
+  assert convergence.main(["--cases", "shakespeare_nanogpt", "--on", "loss", "--target",
+                           "0.98", "--report", ",".join(dirs), "--out", str(tmp_path)]) == 0
+  capsys.readouterr()
+  rendered = _read(str(tmp_path / "results.md"))
+  assert rendered == _read(os.path.join(folder, "table", "results.md"))
+  page = _tables(_read(os.path.join(RESULTS, "adam.md")))
+  for table in _tables(rendered):
+    assert table in page, table.splitlines()[:3]
