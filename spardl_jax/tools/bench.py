@@ -309,10 +309,15 @@ def format_emulated(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _header(head: str) -> list[str]:
+  """A Markdown table's header line and its separator."""
+  return [head, "|" + "---|" * (head.count("|") - 1)]
+
+
 def format_table(rows: list[dict]) -> str:
   head = ("| n | P | method | HLO rounds | formula rounds | HLO bytes/device | formula bytes "
           "| time (s) | modeled 10GbE (ms) | modeled IB (ms) |")
-  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  lines = _header(head)
   for r in rows:
     t = "-" if r["time_s"] is None else f"{r['time_s']:.3f}"
     pick = " *" if r["model_pick"] and r["teams"] else ""
@@ -327,7 +332,7 @@ def format_table1(rows: list[dict]) -> str:
   """The paper's Table 1 evaluated beside the measurement (elements = float32 words)."""
   head = ("| P | n | method | paper latency (rounds) | measured rounds | paper bandwidth "
           "(elements) | measured elements |")
-  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  lines = _header(head)
   for r in (r for r in rows if r["paper_latency_rounds"] is not None):  # methods it costs
     low, high = r["paper_bandwidth_elements"]
     band = f"{low:,.0f}" if low == high else f"[{low:,.0f}, {high:,.0f}]"
