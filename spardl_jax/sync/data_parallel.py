@@ -20,7 +20,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spardl_jax.core.protocol import PER_REPLICA
-from spardl_jax.sync.placement import Place, ParamLayout, device_spec, places, state_specs
+from spardl_jax.sync.placement import ParamLayout, device_spec, holds, state_specs
 from spardl_jax.sync.point import gradient_point
 from spardl_jax.sync.specs import (check_axis, check_leaf_specs, leaf_specs, local_shape,
                                    restrict, specs_shown, use_param_specs)
@@ -340,8 +340,7 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
   built, tx = tx, optax.with_extra_args_support(tx)
 
   def local(params, opt_state, batch, param_specs):
-    where = jax.tree.leaves(places(opt_state), is_leaf=lambda x: isinstance(x, Place))
-    if local_axis is not None and any(place.where == PER_REPLICA for place in where):
+    if local_axis is not None and holds(opt_state, PER_REPLICA):
       raise ValueError(f"data_parallel_step: the optimizer state keeps a replica per device "
                        f"of {axis_name!r} (an outer loop, spardl_jax.diloco); with local_axis="
                        f"{local_axis!r} the devices of a host would drift apart. Drop "

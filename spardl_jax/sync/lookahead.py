@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from spardl_jax.core import topk
+from spardl_jax.core import protocol, topk
 from spardl_jax.core.allreduce import axis_size
 from spardl_jax.sync import levels, methods, stages, transform
 from spardl_jax.sync.point import moves_the_point
@@ -140,23 +140,20 @@ def predicted_delivery(sync: optax.GradientTransformation, state: SyncState, par
     raise ValueError("predicted_delivery: sync must be a sync_gradients(..., delay=1) and "
                      "state its SyncState.")
   leaves, treedef = jax.tree.flatten(params)
-  floats, _ = stages._float_leaves(params)
-  dense = stages._dense_mask(options, floats)
-  layout = stages.flat_layout(options, params, floats, None, None, dense)
-  kept = [x for x, d in zip(floats, dense) if d]
-  vec, kept = stages.unpack(pending.message[0], layout.n, kept)
-  method_leaves = stages._method_leaves(floats, dense)
-  vec = _kept_by_the_level(options, state, vec, [x.shape for x in method_leaves])
-  estimate = stages.merge_float_leaves(dense, layout.unflatten(vec, method_leaves), kept)
+  split = stages.split_leaves(options, params)
+  vec, kept = stages.unpack(pending.message[0], split.layout.n, split.kept)
+  vec = _kept_by_the_level(options, state, vec, [x.shape for x in split.method])
+  estimate = stages.merge_float_leaves(split.dense, split.layout.unflatten(vec, split.method),
+                                       kept)
   held = pending.held[0]
   estimate = [jnp.where(held, e.astype(x.dtype).reshape(x.shape), jnp.zeros_like(x))
-              for e, x in zip(estimate, floats)]
+              for e, x in zip(estimate, split.floats)]
   return stages.with_float_leaves(treedef, leaves, estimate, other=jnp.zeros_like)
 
 
 def _kept_by_the_level(options, state: SyncState, vec, shapes):
   """``vec`` plus the residual, cut to the entries the next sync's level keeps."""
-  residual = getattr(state.method_state, "residual", None)
+  residual = protocol.residual(state.method_state)
   if residual is not None and residual.shape == (1, *vec.shape):
     vec = vec + residual[0].astype(vec.dtype)
   p = axis_size(options.axis_name, who="lookahead_params")

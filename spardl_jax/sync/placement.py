@@ -32,7 +32,7 @@ from spardl_jax.core import protocol
 from spardl_jax.core.protocol import FRESH, LIKE_PARAMS, PER_DEVICE, PER_REPLICA, REPLICATED
 from spardl_jax.sync.specs import axes_of
 
-__all__ = ['LIKE_PARAMS', 'device_axes', 'device_spec', 'ParamLayout', 'Place', 'places',
+__all__ = ['LIKE_PARAMS', 'device_axes', 'device_spec', 'ParamLayout', 'Place', 'places', 'holds',
            'state_specs', 'fold_rules']
 
 
@@ -123,6 +123,13 @@ def places(tree, *, params: ParamLayout | None = None, rows: PartitionSpec | Non
                         is_leaf=lambda x: x is not node)
 
   return walk(tree, None, fold)
+
+
+def holds(tree, where: str) -> bool:
+  """Whether any leaf of ``tree`` (an optimizer state) lives ``where`` (e.g. ``PER_REPLICA``:
+  an outer loop's replicas)."""
+  return any(place.where == where
+             for place in jax.tree.leaves(places(tree), is_leaf=_is_place))
 
 
 def state_specs(tree, rows: PartitionSpec, params: ParamLayout | None = None):

@@ -48,7 +48,8 @@ from spardl_jax.sync.state import LeafShapes, Pending, SyncState, SyncStats
 
 __all__ = ['SyncOptions', 'init', 'update', 'init_local', 'update_local', 'check_state',
            'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats',
-           'level_index', 'merge_float_leaves', 'with_float_leaves', 'UNORDERED_COLLECTIVES',
+           'level_index', 'Leaves', 'split_leaves', 'merge_float_leaves', 'with_float_leaves',
+           'UNORDERED_COLLECTIVES',
            'waits_for_gradient', 'message_size', 'unpack', 'hold', 'LevelRun', 'Agreed']
 
 
@@ -214,6 +215,29 @@ def _method_leaves(items: list, dense: list[bool]) -> list:
   return [item for item, d in zip(items, dense) if not d]
 
 
+class Leaves(NamedTuple):
+  """A tree's float leaves as the sync splits them: all of them in order, their promoted
+  ``dtype``, the ``dense`` mask (``dense_leaves``), the ``method``'s leaves and the ``kept``
+  dense ones, and the ``layout`` of the method's flat vector."""
+
+  floats: list
+  dtype: Any
+  dense: list[bool]
+  method: list
+  kept: list
+  layout: FlatLayout
+
+
+def split_leaves(options: SyncOptions, tree, specs=None, given=None) -> Leaves:
+  """``tree``'s float leaves split between the method and ``dense_leaves``, with the
+  method's flat layout (:func:`flat_layout`; ``specs`` and ``given`` as there)."""
+  floats, dtype = _float_leaves(tree)
+  dense = _dense_mask(options, floats)
+  return Leaves(floats, dtype, dense, _method_leaves(floats, dense),
+                [x for x, d in zip(floats, dense) if d],
+                flat_layout(options, tree, floats, specs, given, dense))
+
+
 def _devices(options: SyncOptions) -> tuple[int, int]:
   """``(lead, p)``: the leading device axis of the state ``init`` creates here, and the
   number of devices on the data axis."""
@@ -293,11 +317,10 @@ def fresh_state(options: SyncOptions, bound, n: int, dtype, p: int):
 
 def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncState:
   """The state on this device (or, outside ``shard_map``, every device's rows at once)."""
-  floats, dtype = _float_leaves(params)
-  lead, p = _devices(options)
-  dense = _dense_mask(options, floats)
-  n = flat_layout(options, params, floats, specs, given, dense).n
-  bound = levels.bind(list(options.levels), [x.shape for x in _method_leaves(floats, dense)], p)
+  lead, p = _devices(options)  # first: the layout needs the axes it names
+  split = split_leaves(options, params, specs, given)
+  dtype, n = split.dtype, split.layout.n
+  bound = levels.bind(list(options.levels), [x.shape for x in split.method], p)
 
   def rows(a):
     a = jnp.asarray(a)
@@ -307,7 +330,7 @@ def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncStat
   fresh = fresh_state(options, bound, n, dtype, p)
   pending = None
   if options.delay:
-    size = message_size(n, [x for x, d in zip(floats, dense) if d])
+    size = message_size(n, split.kept)
     pending = Pending(jnp.zeros((lead, size), dtype), jnp.zeros((lead,), bool))
   if options.residual_decay is not None and protocol.residual(fresh) is None:
     raise ValueError(f"sync_gradients: residual_decay={options.residual_decay} decays the "
@@ -315,7 +338,7 @@ def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncStat
                      f"a residual (spardl, topka, sparseloco, powersgd, ...) or drop "
                      f"residual_decay.")
   return SyncState(jax.tree.map(rows, fresh), velocity,
-                   jnp.zeros((lead,), jnp.int32), SyncStats.zeros(lead), _shapes(floats),
+                   jnp.zeros((lead,), jnp.int32), SyncStats.zeros(lead), _shapes(split.floats),
                    pending)
 
 
@@ -481,14 +504,10 @@ def update_local(options: SyncOptions, updates, state, specs=None, given=None,
   gradient (or ``next_message`` of it) is left for the next (:func:`hold`)."""
   p = axis_size(options.axis_name, who="sync_gradients: update")
   leaves, treedef = jax.tree.flatten(updates)
-  floats, dtype = _float_leaves(updates)
-  dense = _dense_mask(options, floats)
-  sparse = _method_leaves(floats, dense)
-  layout = flat_layout(options, updates, floats, specs, given, dense)
+  floats, dtype, dense, sparse, kept, layout = split_leaves(options, updates, specs, given)
   trace = Trace(_shapes(floats), layout, dtype,
                 tuple(levels.bind(list(options.levels), [x.shape for x in sparse], p)), p)
   local = check_state(options, state, trace)
-  kept = [x for x, d in zip(floats, dense) if d]
   if options.delay:
     message = state.pending.message[0]
     if waits_for_gradient():
