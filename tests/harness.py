@@ -17,7 +17,7 @@ from spardl_jax.parallel.rows import shard_rows
 AXIS = "data"
 
 # The suite runs a covering set of each large parameter grid: every code path, every row of
-# the cost table and every option once, in under five minutes on two cores. With
+# the cost table and every option once, to keep the suite short on two cores. With
 # SPARDL_JAX_FULL_TESTS=1 every grid runs whole (about twice the time): before a release, or
 # after a change to the schedule, the selection or the wire formats.
 FULL = os.environ.get("SPARDL_JAX_FULL_TESTS") == "1"

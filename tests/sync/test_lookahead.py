@@ -86,7 +86,8 @@ def test_delayed_and_looked_ahead_is_the_undelayed_run_one_step_later():
   plain = optax.chain(sync, optax.sgd(LR, momentum=M))
   stale = [after["w"] for _, _, after in run(plain, p, {"w": jnp.zeros(n)}, data, quadratic,
                                               steps)]
-  assert np.abs(stale[-1]).max() > 100 * np.abs(data[0, -1]).max()  # unstable without the look-ahead
+  # Unstable without the look-ahead.
+  assert np.abs(stale[-1]).max() > 100 * np.abs(data[0, -1]).max()
 
 
 def test_data_parallel_step_and_gradient_point_look_ahead_too():
