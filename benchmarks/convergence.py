@@ -232,7 +232,8 @@ def _parse_args(argv):
   p.add_argument("--out", default="convergence_out")
   p.add_argument("--report", default=None, metavar="DIR[,DIR...]",
                  help="train nothing: write the table and plot of earlier runs' "
-                      "results.json files (e.g. one run per case) together under --out")
+                      "results.json files (e.g. one run per case, or more seeds of a variant) "
+                      "together under --out")
   args = p.parse_args(argv)
   args.cases = list(CASES) if args.cases == "all" else args.cases.split(",")
   for c in args.cases:
@@ -278,6 +279,16 @@ def read_report(directory: str) -> dict:
     raise ValueError(f"--report: {path} does not hold convergence results (another tool's, "
                      f"such as python -m benchmarks.time_to_accuracy?)")
   return saved
+
+
+def merge_seeds(row: dict, more: dict, directory: str) -> None:
+  """Adds ``more``'s seeds (a later run of the same case and variant) to ``row``; a
+  ValueError when the two runs differ in what a step sends, so are not one variant."""
+  if more["bytes_per_step"] != row["bytes_per_step"]:
+    raise ValueError(f"--report: {directory} holds {more['case']} {more['key']} sending "
+                     f"{more['bytes_per_step']} bytes a step, another directory "
+                     f"{row['bytes_per_step']}: not the same variant, so not one row")
+  row["curves"] = row["curves"] + more["curves"]
 
 
 def summarize(case: str, by_key: dict[str, list], steps_per_epoch: int,
@@ -438,13 +449,18 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
   if args.report:
-    # The directories' runs by case, so one directory's dense sets another's target.
+    # The directories' runs by case, so one directory's dense sets another's target; a
+    # variant's seeds run in several directories are one row.
     runs_of: dict[str, dict] = {}
     meta = {}
     for directory in args.report.split(","):
       saved = read_report(directory)
       for r in saved.pop("rows"):
-        runs_of.setdefault(r["case"], {})[r["key"]] = r
+        found = runs_of.setdefault(r["case"], {})
+        if r["key"] in found:
+          merge_seeds(found[r["key"]], r, directory)
+        else:
+          found[r["key"]] = r
       meta = saved
     rows = []
     for case, found in runs_of.items():

@@ -25,11 +25,12 @@ def fake_tta_run(out, devices=2, methods=("dense",)):
   return out
 
 
-def fake_convergence_run(out, keys=("dense",)):
+def fake_convergence_run(out, keys=("dense",), bytes_per_step=4.0):
   """A convergence run's results.json (as --no-dense writes it) with ``keys``' runs."""
   out.mkdir(parents=True)
   rows = [{"case": "mnist1d_cnn1d", "key": k, "variant": k, "metric": "accuracy",
-           "bytes_per_step": 4.0, "curves": [[[10, 40.0, 0.5, 1.0]]]} for k in keys]
+           "bytes_per_step": bytes_per_step, "curves": [[[10, 40.0, 0.5, 1.0]]]}
+          for k in keys]
   (out / "results.json").write_text(json.dumps({"rows": rows}))
   return out
 
@@ -84,6 +85,12 @@ ROWS = [
      lambda tmp: ["--report", str(fake_convergence_run(tmp / "cv0", keys=("recipe",))),
                   "--out", str(tmp / "cv")],
      "--report: no dense runs of mnist1d_cnn1d in"),
+    ("convergence --report, one variant sending different bytes in two directories",
+     convergence.main,
+     lambda tmp: ["--report", f"{fake_convergence_run(tmp / 'a', keys=('dense', 'v'))},"
+                  f"{fake_convergence_run(tmp / 'b', keys=('v',), bytes_per_step=8.0)}",
+                  "--out", str(tmp / "cv")],
+     "mnist1d_cnn1d v sending 8.0 bytes a step, another directory 4.0: not the same variant"),
     ("convergence --report at a missing directory", convergence.main,
      lambda tmp: ["--report", str(tmp / "missing"), "--out", str(tmp / "cv")],
      "results.json (a directory python -m benchmarks.convergence wrote with --out)"),

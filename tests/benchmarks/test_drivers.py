@@ -160,6 +160,23 @@ def test_a_loss_target_is_reached_at_or_below_it():
   assert "of dense's final test loss" in convergence.format_table(rows)
 
 
+def test_a_report_joins_one_variants_seeds_run_in_two_directories(tmp_path):
+  """--report over two directories that hold different seeds of one variant gives one row
+  with every seed (the mean of both finals), not the last directory's alone."""
+  def run(name, keys_curves):
+    (tmp_path / name).mkdir()
+    rows = [{"case": "c", "key": k, "variant": k, "metric": "accuracy", "bytes_per_step": 4.0,
+             "curves": curves} for k, curves in keys_curves]
+    (tmp_path / name / "results.json").write_text(json.dumps({"rows": rows}))
+    return str(tmp_path / name)
+  first = run("a", [("dense", [[[10, 40.0, 0.5, 2.0]]]), ("v", [[[10, 4.0, 0.5, 2.4]]])])
+  more = run("b", [("v", [[[10, 4.0, 0.5, 2.2]], [[10, 4.0, 0.5, 2.0]]])])
+  assert convergence.main(["--report", f"{first},{more}", "--on", "loss", "--target", "0.98",
+                           "--out", str(tmp_path / "t")]) == 0
+  rows = json.loads((tmp_path / "t" / "results.json").read_text())["rows"]
+  assert [r["final"] for r in rows if r["key"] == "v"] == [[2.4, 2.2, 2.0]]
+
+
 def test_the_labs_readme_lists_every_driver_script_and_page():
   """benchmarks/README.md names every driver (a module with a main), every script and every
   results page, so a reader finds each from one place."""
