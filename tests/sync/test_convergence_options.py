@@ -27,7 +27,7 @@ def run(tx, grads_per_step, p):
   f = harness.update_fn(tx, p, params)
   for g in grads_per_step:
     updates, state = f(harness.put_rows(p, {"w": jnp.asarray(g)}), state)
-    sync = state if isinstance(state, sj.SyncState) else state[0]  # first in a chain
+    sync = state if isinstance(state, sj.states.SyncState) else state[0]  # first in a chain
     velocity = None if sync.velocity is None else np.asarray(sync.velocity)
     yield (np.asarray(updates["w"]), np.asarray(sync.method_state.residual), velocity,
            sync.stats)

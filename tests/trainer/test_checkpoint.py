@@ -176,7 +176,7 @@ def test_a_state_type_that_gained_a_field_without_arrays_reads_older_checkpoints
   checkpoint.save(mgr, 1, {"opt": (older(*sync[:4]), state[1])}, [{"epoch": 1}])
   step, restored, _ = checkpoint.restore_latest(mgr, {"opt": state})
   mgr.close()
-  assert step == 1 and isinstance(restored["opt"][0], sj.SyncState)
+  assert step == 1 and isinstance(restored["opt"][0], sj.states.SyncState)
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves({"opt": state})):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -157,7 +157,7 @@ def test_resume_inside_an_outer_round_is_bit_identical(digits, tmp_path):
   ckpt = str(tmp_path / "ckpt")
   whole = train_and_evaluate(cfg, variant, digits, mesh, progress=False, checkpoint_dir=ckpt)
   outer = whole.state.opt_state
-  assert isinstance(outer, sj.DiLoCoState) and int(outer.count) == 20
+  assert isinstance(outer, sj.states.DiLoCoState) and int(outer.count) == 20
   offsets = [np.asarray(leaf) for leaf in jax.tree.leaves(outer.offset)]
   assert all(o.shape[0] == 4 and o.any() for o in offsets)  # 20 = 6 rounds and 2 steps
   assert np.any(np.asarray(outer.sync.method_state.residual))
@@ -418,7 +418,7 @@ def test_variant_tuning_and_recipes():
       want = recipe_tuning(recipe, optimizer=optimizer, steps_per_epoch=10)
       state = sj.init_opt_state(make_optimizer(cfg, SPARDL, steps_per_epoch=10), params, mesh)
       if want.synced:  # Adam around the sync: its first moment is what is synced
-        assert isinstance(state[0], sj.ScaleBySyncedAdamState) and want.warmup == 2
+        assert isinstance(state[0], sj.states.ScaleBySyncedAdamState) and want.warmup == 2
         assert state[0].sync.velocity is None
       else:
         assert (state[0].velocity is not None) == (want.momentum is not None)
