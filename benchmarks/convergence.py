@@ -46,7 +46,7 @@ import sys
 import numpy as np
 
 from benchmarks import runs
-from benchmarks.cli import SEEDS, fraction
+from benchmarks.cli import FRACTIONS, SEEDS
 import spardl_jax as sj
 from train.config import (NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, RECIPES,
                           TrainConfig, Tuning, Variant, recipe_tuning)
@@ -207,9 +207,10 @@ def _parse_args(argv):
                  help="run only the variants named: dense's runs come from another --out, "
                       "and --report DIR,DIR puts them together (a long case's dense runs "
                       "once)")
-  p.add_argument("--target", type=fraction, default=0.95,
+  p.add_argument("--target", type=FRACTIONS, default=[0.95],
                  help="the target, a fraction of dense's final test metric (default 0.95); "
-                      "with --on loss, dense's final test loss times 2 - TARGET")
+                      "with --on loss, dense's final test loss times 2 - TARGET; a comma "
+                      "list adds a table of every variant's steps to each")
   p.add_argument("--on", choices=("metric", "loss"), default="metric",
                  help="the target's quantity: the test metric (accuracy, MAE) or the test "
                       "loss, lower being better (the Adam cases)")
@@ -282,13 +283,24 @@ def read_report(directory: str) -> dict:
 
 
 def merge_seeds(row: dict, more: dict, directory: str) -> None:
-  """Adds ``more``'s seeds (a later run of the same case and variant) to ``row``; a
-  ValueError when the two runs differ in what a step sends, so are not one variant."""
+  """Adds ``more``'s seeds (another run of ``row``'s case and variant) to ``row``; a seed
+  both hold must have the same curve (the same run read twice, as when several directories
+  share dense's runs). A ValueError when the two send different bytes a step (not one
+  variant), a shared seed's curves differ, or either's seeds are not recorded."""
+  what = f"{more['case']} {more['variant']!r}"
   if more["bytes_per_step"] != row["bytes_per_step"]:
-    raise ValueError(f"--report: {directory} holds {more['case']} {more['key']} sending "
-                     f"{more['bytes_per_step']} bytes a step, another directory "
-                     f"{row['bytes_per_step']}: not the same variant, so not one row")
-  row["curves"] = row["curves"] + more["curves"]
+    raise ValueError(f"--report: {directory} holds {what} sending {more['bytes_per_step']} "
+                     f"bytes a step, another directory {row['bytes_per_step']}: not the "
+                     f"same variant, so not one row")
+  if row["seeds"] is None or more["seeds"] is None:
+    raise ValueError(f"--report: {directory} holds {what} again, and the seeds of one of "
+                     f"them are not recorded: a new seed cannot be told from a run read twice")
+  for seed, curve in zip(more["seeds"], more["curves"]):
+    if seed not in row["seeds"]:
+      row["seeds"], row["curves"] = row["seeds"] + [seed], row["curves"] + [curve]
+    elif row["curves"][row["seeds"].index(seed)] != curve:
+      raise ValueError(f"--report: {directory} holds seed {seed} of {what} with another "
+                       f"curve than an earlier directory's: two different runs")
 
 
 def summarize(case: str, by_key: dict[str, list], steps_per_epoch: int,
@@ -337,7 +349,8 @@ def rows_at(case: str, variants: dict[str, dict], fraction: float,
     if key == "dense":
       dense_steps, dense_bytes = mean_steps, mean_bytes
     rows.append({
-        "case": case, "key": key, "variant": run["variant"], "metric": run["metric"], "on": on,
+        "case": case, "key": run.get("key", key), "variant": run["variant"],
+        "metric": run["metric"], "on": on, "seeds": run.get("seeds"),
         "target": target, "fraction": fraction, "steps": steps, "mean_steps": mean_steps,
         "steps_ratio": mean_steps / dense_steps if mean_steps and dense_steps else None,
         "final": [final(c) for c in run["curves"]], "bytes_to_target": mean_bytes,
@@ -394,6 +407,34 @@ def final_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def targets_table(by_target: list[list[dict]]) -> str:
+  """One line per variant across the targets (rows of :func:`rows_at` at each, in the same
+  order): steps to each (per seed) and over dense's, the final test metric or loss (per
+  seed), the bytes a step over the whole run and dense's over them."""
+  first = by_target[0]
+  name = "loss" if first[0].get("on") == "loss" else "metric"
+  lower = _falls(first[0].get("on", "metric"), first[0]["metric"])
+  label = lambda f: f"{2 - f:.0%}" if lower else f"{f:.0%}"  # noqa: E731
+  lines = ["| case | variant | " + " | ".join(
+      f"steps to {label(rows[0]['fraction'])} (per seed) | × dense" for rows in by_target)
+      + f" | final test {name} (per seed) | bytes a step (run mean) | dense ÷ it |",
+      "|---|---|" + "---:|---:|" * len(by_target) + "---|---:|---:|"]
+  dense = {r["case"]: r for r in first if r["key"] == "dense"}
+  for i, r in enumerate(first):
+    steps = []
+    for rows in by_target:
+      at = rows[i]
+      per_seed = ", ".join("never" if s is None else str(s) for s in at["steps"])
+      steps.append(f"{'never' if at['mean_steps'] is None else format(at['mean_steps'], '.0f')}"
+                   f" ({per_seed}) | "
+                   f"{'–' if at['steps_ratio'] is None else format(at['steps_ratio'], '.2f')}")
+    finals = ", ".join(f"{v:.3f}" for v in r["final"])
+    lines.append(f"| {r['case']} | {r['variant']} | {' | '.join(steps)} | "
+                 f"{np.mean(r['final']):.3f} ({finals}) | {r['bytes_per_step']:,.0f} | "
+                 f"{dense[r['case']]['bytes_per_step'] / r['bytes_per_step']:,.0f} |")
+  return "\n".join(lines)
+
+
 def plot(path: str, rows: list[dict]) -> None:
   """One row of panels per case: test metric against steps and against bytes (log), the
   mean over seeds, the target as a dotted line."""
@@ -425,10 +466,12 @@ def plot(path: str, rows: list[dict]) -> None:
   plt.close(fig)
 
 
-def write(out: str, rows: list[dict], meta: dict) -> str:
-  """``results.json``, ``results.md`` and ``convergence.png`` under ``out``; returns the
-  table."""
-  table = format_table(rows)
+def write(out: str, by_target: list[list[dict]], meta: dict) -> str:
+  """``results.json``, ``results.md`` and ``convergence.png`` under ``out`` from the rows at
+  each target (the first target's rows saved and plotted); returns the tables."""
+  rows = by_target[0]
+  table = format_table(rows) + ("\n\n" + targets_table(by_target) if len(by_target) > 1
+                                else "")
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump({**meta, "rows": rows}, f, indent=2)
@@ -455,20 +498,26 @@ def run(args) -> int:
     meta = {}
     for directory in args.report.split(","):
       saved = read_report(directory)
+      seeds = saved.get("seeds")
       for r in saved.pop("rows"):
+        # A variant is its label (one key, such as DiLoCo's, runs at several H); its seeds
+        # are the run's when every row has one curve per seed (a report's output does not).
+        r = {**r, "seeds": seeds if seeds and len(seeds) == len(r["curves"]) else None}
         found = runs_of.setdefault(r["case"], {})
-        if r["key"] in found:
-          merge_seeds(found[r["key"]], r, directory)
+        group = "dense" if r["key"] == "dense" else r["variant"]
+        if group in found:
+          merge_seeds(found[group], r, directory)
         else:
-          found[r["key"]] = r
+          found[group] = r
       meta = saved
-    rows = []
     for case, found in runs_of.items():
       if "dense" not in found:
         raise ValueError(f"--report: no dense runs of {case} in {args.report} (run them, or "
                          f"add the directory that has them)")
-      rows += rows_at(case, {"dense": found.pop("dense"), **found}, args.target, args.on)
-    print(write(args.out, rows, meta))
+    print(write(args.out, [[row for case, found in runs_of.items()
+                            for row in rows_at(case, {"dense": found["dense"], **found},
+                                               target, args.on)]
+                           for target in args.target], meta))
     return 0
   from tqdm import tqdm
 
@@ -533,9 +582,9 @@ def run(args) -> int:
     print(f"wrote {args.out}/results.json; python -m benchmarks.convergence --report "
           f"DENSE_DIR,{args.out} --on {args.on} makes the table")
     return 0
-  rows = [row for case, r in results.items()
-          for row in summarize(case, r["runs"], r["steps"], args.target, args.on)]
-  print(write(args.out, rows, meta))
+  print(write(args.out, [[row for case, r in results.items()
+                          for row in summarize(case, r["runs"], r["steps"], target, args.on)]
+                         for target in args.target], meta))
   return 0
 
 

@@ -90,7 +90,11 @@ ROWS = [
      lambda tmp: ["--report", f"{fake_convergence_run(tmp / 'a', keys=('dense', 'v'))},"
                   f"{fake_convergence_run(tmp / 'b', keys=('v',), bytes_per_step=8.0)}",
                   "--out", str(tmp / "cv")],
-     "mnist1d_cnn1d v sending 8.0 bytes a step, another directory 4.0: not the same variant"),
+     "mnist1d_cnn1d 'v' sending 8.0 bytes a step, another directory 4.0: not the same"),
+    ("convergence --report, one variant twice with no seeds recorded", convergence.main,
+     lambda tmp: ["--report", f"{fake_convergence_run(tmp / 'a', keys=('dense', 'v'))},"
+                  f"{fake_convergence_run(tmp / 'b', keys=('v',))}", "--out", str(tmp / "cv")],
+     "and the seeds of one of them are not recorded"),
     ("convergence --report at a missing directory", convergence.main,
      lambda tmp: ["--report", str(tmp / "missing"), "--out", str(tmp / "cv")],
      "results.json (a directory python -m benchmarks.convergence wrote with --out)"),

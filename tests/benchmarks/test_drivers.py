@@ -160,21 +160,31 @@ def test_a_loss_target_is_reached_at_or_below_it():
   assert "of dense's final test loss" in convergence.format_table(rows)
 
 
-def test_a_report_joins_one_variants_seeds_run_in_two_directories(tmp_path):
-  """--report over two directories that hold different seeds of one variant gives one row
-  with every seed (the mean of both finals), not the last directory's alone."""
-  def run(name, keys_curves):
+def test_a_report_joins_one_variants_seeds_from_several_directories(tmp_path):
+  """--report over directories that hold different seeds of one variant gives one row with
+  every seed, a seed two directories share (dense's, run once and read twice) counted once,
+  and one key at two labels (DiLoCo at two H) two rows; a list of targets adds a table of
+  each row's steps to each."""
+  def run(name, seeds, runs):
     (tmp_path / name).mkdir()
-    rows = [{"case": "c", "key": k, "variant": k, "metric": "accuracy", "bytes_per_step": 4.0,
-             "curves": curves} for k, curves in keys_curves]
-    (tmp_path / name / "results.json").write_text(json.dumps({"rows": rows}))
+    rows = [{"case": "c", "key": k, "variant": label, "metric": "accuracy",
+             "bytes_per_step": 4.0, "curves": curves} for k, label, curves in runs]
+    (tmp_path / name / "results.json").write_text(json.dumps({"seeds": seeds, "rows": rows}))
     return str(tmp_path / name)
-  first = run("a", [("dense", [[[10, 40.0, 0.5, 2.0]]]), ("v", [[[10, 4.0, 0.5, 2.4]]])])
-  more = run("b", [("v", [[[10, 4.0, 0.5, 2.2]], [[10, 4.0, 0.5, 2.0]]])])
-  assert convergence.main(["--report", f"{first},{more}", "--on", "loss", "--target", "0.98",
-                           "--out", str(tmp_path / "t")]) == 0
+  dense = ("dense", "dense", [[[10, 40.0, 0.5, 2.0]], [[10, 40.0, 0.5, 2.0]]])
+  first = run("a", [0, 1], [dense, ("v", "v at 10", [[[10, 4.0, 0.5, 2.4]], [[10, 4.0, 0.5, 2.3]]])])
+  more = run("b", [1, 2], [dense[:2] + ([dense[2][0], [[10, 40.0, 0.5, 2.0]]],),
+                           ("v", "v at 10", [[[10, 4.0, 0.5, 2.3]], [[10, 4.0, 0.5, 2.0]]]),
+                           ("v", "v at 30", [[[10, 4.0, 0.5, 1.0]], [[10, 4.0, 0.5, 1.0]]])])
+  assert convergence.main(["--report", f"{first},{more}", "--on", "loss", "--target",
+                           "0.98,0.5", "--out", str(tmp_path / "t")]) == 0
   rows = json.loads((tmp_path / "t" / "results.json").read_text())["rows"]
-  assert [r["final"] for r in rows if r["key"] == "v"] == [[2.4, 2.2, 2.0]]
+  assert [(r["variant"], r["seeds"], r["final"]) for r in rows] == [
+      ("dense", [0, 1, 2], [2.0, 2.0, 2.0]), ("v at 10", [0, 1, 2], [2.4, 2.3, 2.0]),
+      ("v at 30", [1, 2], [1.0, 1.0])]
+  table = (tmp_path / "t" / "results.md").read_text()
+  assert "| steps to 102% (per seed) | × dense | steps to 150% (per seed) | × dense |" in table
+  assert "| c | v at 10 | never (never, never, 10) | – | 10 (10, 10, 10) | 1.00 |" in table
 
 
 def test_the_labs_readme_lists_every_driver_script_and_page():

@@ -111,9 +111,9 @@ def test_the_delayed_runs_steps_re_render(target, monkeypatch):
   assert out.getvalue() == _read(os.path.join(runs, f"steps_{target[2:]}.md"))
 
 
-def test_the_selection_pages_gpu_tables_are_its_raw_files():
-  """selection.md's H200 section: the selection, per-rank and stage tables are the ones their
-  JSON files render, and every figure quoted in the section's summary is in them."""
+def _selection_gpu_tables():
+  """The H200 section's tables as their JSON files render them (selection, per rank, the
+  stages' two), and the per-rank rows."""
   from benchmarks import per_rank, sync_profile
   from spardl_jax.tools import bench
   raw = os.path.join(RESULTS, "selection", "h200")
@@ -125,15 +125,20 @@ def test_the_selection_pages_gpu_tables_are_its_raw_files():
       args["method"], p=args["ranks"], n=args["n"], simulated=args["simulated"],
       rows=[(r["stage"], r["module"], r["us"]) for r in profile["rows"]],
       total=profile["total_us"])
-  rendered = [per_rank.table(ranks),
-              bench.format_selection(json.loads(_read(os.path.join(raw, "selection.json")))["rows"]),
-              *stages.split("\n\n")]
+  rendered = [bench.format_selection(
+                  json.loads(_read(os.path.join(raw, "selection.json")))["rows"]),
+              per_rank.table(ranks), *stages.split("\n\n")]
+  return ["\n".join(line for line in mine.splitlines() if line.startswith("|"))
+          for mine in rendered], ranks
+
+
+def test_the_selection_pages_gpu_tables_are_its_raw_files():
+  """selection.md's H200 section: the selection, per-rank and stage tables are the ones their
+  JSON files render, and every figure quoted in the section's summary is in them."""
+  rendered, ranks = _selection_gpu_tables()
   page = _read(os.path.join(RESULTS, "selection.md"))
-  section = page[page.index("## GPU: one H200"):]
-  copied = _tables(section)
-  assert len(copied) == 4
-  for table, mine in zip(copied, [rendered[1], rendered[0], *rendered[2:]]):
-    assert table == "\n".join(line for line in mine.splitlines() if line.startswith("|"))
+  copied = _tables(page[page.index("## GPU: one H200"):])
+  assert copied == rendered
   one_rank = {(r["n"], r["method"]): r["one_rank_s"] * 1e3 for r in ranks}
   assert f"{one_rank[66_000_000, 'spardl']:.2f} ms at n = 66M" in page
   assert f"at 14.7M it\ntakes {one_rank[14_700_000, 'spardl']:.2f} ms" in page
@@ -154,3 +159,42 @@ def test_the_nanogpt_report_re_renders_and_adam_md_copies_it(tmp_path, capsys):
   page = _tables(_read(os.path.join(RESULTS, "adam.md")))
   for table in _tables(rendered):
     assert table in page, table.splitlines()[:3]
+
+
+PAGES = sorted(glob.glob(os.path.join(RESULTS, "*.md")))
+RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence) (.+?) -->")
+# Tables a page still types by hand (issue 45: each is rendered from raw outputs or measured
+# again; the count only falls). Every other table is rendered by the command in the comment
+# above it, or is a copy of a report a driver wrote beside its raw files.
+TYPED = {"adam.md": 6, "cpu_profile.md": 6, "network.md": 1, "outer.md": 9, "scale.md": 9,
+         "selection.md": 4, "sync_methods.md": 8, "training.md": 7}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=os.path.basename)
+def test_every_table_of_a_page_is_rendered_or_counted_as_typed(page, tmp_path, monkeypatch,
+                                                                capsys):
+  """A table after a ``<!-- rendered: python -m benchmarks.convergence ARGS -->`` comment is
+  one of the tables that command writes now from the committed raw files; a table that is
+  a report's (a driver's ``*.md`` beside its raw files) is a copy; the rest are typed, and
+  there are exactly as many as TYPED says (a new typed table fails, and so does one
+  rendered without lowering the count)."""
+  from benchmarks import convergence
+  monkeypatch.chdir(ROOT)
+  reports = {t for path in glob.glob(os.path.join(RESULTS, "*", "**", "*.md"), recursive=True)
+             for t in _tables(_read(path))} | set(_selection_gpu_tables()[0])
+  text, typed, rendered = _read(page), 0, 0
+  for i, match in enumerate(re.finditer(r"(?:^\|.*\n)+", text, re.M)):
+    table = match.group(0).strip()
+    before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+    command = RENDERED_BY.fullmatch(before)
+    if command:
+      out = tmp_path / str(i)
+      assert convergence.main([*command.group(2).split(), "--out", str(out)]) == 0
+      capsys.readouterr()
+      assert table in _tables(_read(str(out / "results.md"))), table.splitlines()[:3]
+      rendered += 1
+    elif table not in reports:
+      typed += 1
+  assert typed == TYPED.get(os.path.basename(page), 0), (
+      f"{os.path.basename(page)} has {typed} typed tables: render a new one from its raw "
+      f"files (a <!-- rendered: ... --> comment above it), and lower TYPED for one rendered")
