@@ -12,143 +12,37 @@
 5. :func:`next_stats`: this sync's :class:`~spardl_jax.SyncStats`;
 6. the synced vector cut back into the leaves (:meth:`FlatLayout.unflatten`).
 
-:func:`init` and :func:`update` are the transformation's entries: they open a ``shard_map``
-over the mesh axes a partial-auto one left to the compiler (or over every axis, for ``init``
-outside ``shard_map`` under a mesh), so the stages always see local shards. Every function
-takes the validated :class:`SyncOptions` explicitly.
+:mod:`spardl_jax.sync.entries` opens the ``shard_map`` that hands these stages local shards,
+after :mod:`spardl_jax.sync.guards`' refusals. Every function takes the validated
+:class:`SyncOptions` explicitly.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import inspect
 import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from jax.sharding import PartitionSpec
 
 from spardl_jax.baselines.dense import formula as dense_formula
 from spardl_jax.core import flat as flat_vector
 from spardl_jax.core import nonfinite as nonfinite_policy
 from spardl_jax.core import protocol
 from spardl_jax.core.allreduce import axis_size, bound_axes
-from spardl_jax.core.config import check_number
-from spardl_jax.core.nonfinite import NonFinite
 from spardl_jax.sync import levels
-from spardl_jax.sync.flat_layout import FlatLayout, columns, free_axes
-from spardl_jax.sync.placement import device_spec
-from spardl_jax.sync.specs import (check_leaf_specs, check_same_specs, check_spec_tree,
-                                   context_specs, leaf_specs, restrict, specs_shown)
+from spardl_jax.sync.flat_layout import FlatLayout, columns
+from spardl_jax.sync.specs import leaf_specs
 from spardl_jax.sync.state import LeafShapes, Pending, SyncState, SyncStats
+from spardl_jax.sync.sync_options import SyncOptions
 
-__all__ = ['SyncOptions', 'init', 'update', 'init_local', 'update_local', 'check_state',
+__all__ = ['init_local', 'update_local', 'check_state',
            'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats',
            'level_index', 'Leaves', 'split_leaves', 'merge_float_leaves', 'with_float_leaves',
            'UNORDERED_COLLECTIVES',
            'waits_for_gradient', 'message_size', 'unpack', 'hold', 'LevelRun', 'Agreed']
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class SyncOptions:
-  """The options of one :func:`spardl_jax.sync_gradients`, validated once (see its
-  docstring for each); ``levels`` are the sync's levels, not yet bound to leaf shapes."""
-
-  method: str
-  levels: tuple[levels.Level, ...]
-  axis_name: str = "data"
-  axis_size: int | None = None
-  nonfinite: NonFinite = "skip"
-  momentum: float | None = None
-  momentum_masking: bool = True
-  clip_norm: float | None = None
-  param_specs: Any = None
-  local_axis: str | None = None
-  residual_decay: float | None = None
-  dense_leaves: Any = None
-  delay: int = 0
-
-  def __post_init__(self):
-    who = "sync_gradients"
-    nonfinite_policy.check_policy(who, self.nonfinite)
-    if isinstance(self.delay, bool) or self.delay not in (0, 1):
-      raise ValueError(f"sync_gradients: delay must be 0 (each step's own gradient) or 1 "
-                       f"(each step sends the last step's gradient), got {self.delay!r}.")
-    check_dense_leaves(self.dense_leaves)
-    if self.dense_leaves is not None and self.momentum is not None:
-      raise ValueError(f"{who}: dense_leaves={self.dense_leaves!r} with momentum="
-                       f"{self.momentum}: DGC's momentum correction keeps one velocity for "
-                       f"the sparse vector only; use the optimizer's momentum after the sync "
-                       f"(optax.sgd(lr, momentum=...)), or drop dense_leaves.")
-    if self.residual_decay is not None:
-      check_number(who, "residual_decay", self.residual_decay, "None or a number in [0, 1]",
-                   accept=lambda b: 0 <= b <= 1)
-    if self.momentum is not None:
-      check_number(who, "momentum", self.momentum, "None or a number in [0, 1)",
-                   accept=lambda m: 0 <= m < 1)
-    if not isinstance(self.momentum_masking, bool):
-      raise ValueError(f"{who}: momentum_masking must be True or False, got "
-                       f"{self.momentum_masking!r}.")
-    if self.clip_norm is not None:
-      check_number(who, "clip_norm", self.clip_norm, "None or a finite number > 0",
-                   accept=lambda c: 0 < c < float("inf"))
-    if self.axis_size is not None:
-      check_number(who, "axis_size", self.axis_size, "a positive int", integral=True,
-                   accept=lambda p: p >= 1)
-    if self.local_axis is not None and (not isinstance(self.local_axis, str)
-                                        or self.local_axis == self.axis_name):
-      raise ValueError(f"{who}: local_axis must be None or the name of a mesh axis other "
-                       f"than axis_name={self.axis_name!r}, got {self.local_axis!r}.")
-
-  def is_dense(self, shape: tuple[int, ...]) -> bool:
-    """Whether a float leaf of this (local) shape is averaged densely, outside the method."""
-    rule = self.dense_leaves
-    if rule is None:
-      return False
-    if rule == "vectors":
-      return len(shape) <= 1
-    if isinstance(rule, int):
-      return math.prod(shape) < rule
-    return bool(rule(shape))
-
-  @property
-  def data_axes(self) -> tuple[str, ...]:
-    """The axes the sync reduces over: the data axis, and a host's ``local_axis``."""
-    return (self.axis_name,) if self.local_axis is None else (self.axis_name, self.local_axis)
-
-  @property
-  def reaches_result(self) -> bool:
-    """Whether a non-finite input reaches the result at every level (no agreement round)."""
-    return all(level.allreduce.nonfinite_reaches_result for level in self.levels)
-
-  def given_specs(self, door, door_name: str, who: str):
-    """The parameters' specs: the transformation's own ``param_specs``, else what came
-    through ``door`` (``tx.update``'s extra argument, or ``use_param_specs`` for init);
-    where both came, they must agree."""
-    check_spec_tree(door, f"{who} ({door_name})", data_axes=self.data_axes)
-    if self.param_specs is None:
-      return door
-    check_spec_tree(self.param_specs, who, data_axes=self.data_axes)
-    if door is not None:
-      check_same_specs(self.param_specs, door, door_name, who)
-    return self.param_specs
-
-
-DENSE_LEAVES = ("vectors", "an int N (leaves of fewer than N entries)",
-                "a callable taking a leaf's shape and returning True to keep it dense")
-
-
-def check_dense_leaves(rule) -> None:
-  """``dense_leaves`` is None, ``"vectors"``, a positive int or a callable."""
-  if (rule is None or rule == "vectors" or callable(rule)
-      or (isinstance(rule, int) and not isinstance(rule, bool) and rule >= 1)):
-    return
-  raise ValueError(f"sync_gradients: dense_leaves must be None, {', '.join(DENSE_LEAVES)}; "
-                   f"got {rule!r}.")
 
 
 class Trace(NamedTuple):
@@ -611,113 +505,3 @@ def hold(layout: FlatLayout, floats, dense, synced, state, new_state, next_messa
   if kept:
     vec = jnp.concatenate([vec, flat_vector.concat(kept, dtype)])
   return synced, new_state._replace(pending=Pending(vec[None], jnp.ones((1,), bool)))
-
-
-def _local_specs(options: SyncOptions, tree, axes, who: str, given):
-  """Each leaf's spec over the mesh (a list) and over the ``axes`` the sync must open
-  itself (a tree, for ``shard_map``); a clear error where it cannot know them."""
-  mesh = jax.sharding.get_abstract_mesh()
-  others = tuple(a for a in axes if a not in options.data_axes and mesh.shape[a] > 1)
-  if not others:  # data axes only: the parameters are replicated
-    return None, jax.tree.map(lambda _: PartitionSpec(), tree)
-  if given is None and not specs_shown(tree, mesh, others):
-    raise ValueError(
-        f"sync_gradients: {who} runs where the mesh axes {others} are left to the compiler "
-        f"(Auto), so the sync cannot see how the parameters are sharded over them; pass "
-        f"param_specs=<the parameters' PartitionSpecs> to the transformation, or make "
-        f"those mesh axes Explicit.")
-  specs = leaf_specs(tree, given)
-  check_leaf_specs(tree, specs, dict(mesh.shape), options.data_axes, f"sync_gradients: {who}")
-  return specs, jax.tree.unflatten(jax.tree.structure(tree),
-                                   [restrict(spec, axes) for spec in specs])
-
-
-def init(options: SyncOptions, params) -> SyncState:
-  """The transformation's ``init``: on local shards wherever it is traced."""
-  refuse_apply_if_finite()
-  given = options.given_specs(context_specs(), "use_param_specs (init_opt_state and "
-                              "opt_state_specs pass the arrays' layout there)",
-                              "sync_gradients: init")
-  axes = free_axes(options.axis_name)  # a partial-auto shard_map's other axes
-  mesh = jax.sharding.get_abstract_mesh()
-  if (not axes and options.axis_size is None and not bound_axes()
-      and options.axis_name in mesh.axis_names):
-    axes = tuple(mesh.axis_names)  # outside shard_map, under a mesh: each device its rows
-  if not axes:
-    return init_local(options, params, given=given)
-  rows = (device_spec(axes, options.axis_name) if options.axis_name in axes
-          else PartitionSpec(axes))
-  specs, over = _local_specs(options, params, axes, "init", given)
-  return jax.shard_map(functools.partial(init_local, options, specs=specs, given=given),
-                       in_specs=(over,), out_specs=rows, axis_names=set(axes),
-                       check_vma=False)(params)
-
-
-def update(options: SyncOptions, updates, state, param_specs=None, batch_axes=None,
-           next_message=None):
-  """The transformation's ``update`` (``param_specs``, ``batch_axes`` and
-  ``next_message``: its optax extra arguments)."""
-  refuse_apply_if_finite()
-  check_batch_axes(options, batch_axes)
-  given = options.given_specs(param_specs, "tx.update's param_specs (data_parallel_step "
-                              "passes the arrays' layout there)", "sync_gradients: update")
-  axes = free_axes(options.axis_name)
-  if not axes:
-    return update_local(options, updates, state, given=given, next_message=next_message)
-  specs, over = _local_specs(options, updates, axes, "update", given)
-  rows = jax.tree.map(lambda _: PartitionSpec(axes), state)
-  return jax.shard_map(functools.partial(update_local, options, specs=specs, given=given,
-                                         next_message=next_message),
-                       in_specs=(over, rows), out_specs=(over, rows), axis_names=set(axes),
-                       check_vma=False)(updates, state)
-
-
-def check_batch_axes(options: SyncOptions, batch_axes) -> None:
-  """The axes a step split its batch over (:func:`spardl_jax.data_parallel_step` says,
-  through ``tx.update``'s extra argument ``batch_axes``) must be the axes the sync reduces
-  over: a step split over a host's ``local_axis`` too, with a sync that does not reduce
-  over it, would average each slice of the vector over part of the batch."""
-  if batch_axes is None or tuple(batch_axes) == options.data_axes:
-    return
-  if len(batch_axes) > len(options.data_axes):
-    raise ValueError(
-        f"sync_gradients: update: the step splits the batch over {tuple(batch_axes)}, but "
-        f"this sync reduces over {options.data_axes} only; build it with "
-        f"local_axis={batch_axes[-1]!r}, or drop the step's local_axis.")
-  raise ValueError(
-      f"sync_gradients: update: this sync reduces over {options.data_axes} "
-      f"(local_axis={options.local_axis!r}), but the step splits the batch over "
-      f"{tuple(batch_axes)}; give the step local_axis={options.local_axis!r} too, or build "
-      f"the sync with the step's axes.")
-
-
-@functools.cache
-def _apply_if_finite_code() -> frozenset:
-  wrapped = optax.apply_if_finite(optax.identity(), 1)
-  return frozenset({wrapped.init.__code__, wrapped.update.__code__})
-
-
-def refuse_apply_if_finite() -> None:
-  """Raises when ``optax.apply_if_finite`` is calling this sync's init or update.
-
-  It decides on each device's own gradient, before the sync, whether to run it (a
-  ``lax.cond``): a device with a NaN skips the collectives the others wait in (a hang, then
-  an abort after 40 s on CPU). Nothing the sync is handed shows the wrapper: it receives
-  only its own state and the gradients, the wrapper's state sits above it, a state can be
-  built by ``tx.init`` under ``shard_map``, with ``axis_size`` or with ``init_opt_state``,
-  and JAX has no public way to ask whether a trace is inside a ``cond`` branch. So the
-  check looks for the wrapper's own functions among the callers: one walk of the Python
-  stack at trace time, nothing in the compiled step.
-  """
-  codes = _apply_if_finite_code()
-  frame = inspect.currentframe()
-  while frame is not None:
-    if frame.f_code in codes:
-      raise ValueError(
-          "sync_gradients: optax.apply_if_finite wraps a gradient sync. It decides on each "
-          "device's own gradient before the sync runs, so a device with a NaN would skip "
-          "the collectives the others wait in (a hang). The sync agrees on every device "
-          "itself: use nonfinite='skip' (the default), which zeroes that step's update "
-          "everywhere and keeps the residuals; wrap only optimizers that come after the "
-          "sync.")
-    frame = frame.f_back

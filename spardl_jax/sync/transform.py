@@ -6,7 +6,7 @@ local gradient pytree into the synchronized mean gradient, inside a data-paralle
 leading device axis: ``(P, n)`` globally, sharded ``PartitionSpec(axis_name)``, ``(1, n)`` on
 each device (see :mod:`spardl_jax.sync.placement` for the shardings and
 :func:`spardl_jax.init_opt_state` for a sharded init). The factory validates its options once
-(:class:`~spardl_jax.sync.stages.SyncOptions`); the stages it runs are
+(:class:`~spardl_jax.sync.sync_options.SyncOptions`); the stages it runs are
 :mod:`spardl_jax.sync.stages`.
 """
 
@@ -17,7 +17,8 @@ import weakref
 import optax
 
 from spardl_jax.core.nonfinite import NonFinite
-from spardl_jax.sync import levels, stages
+from spardl_jax.sync import entries, levels
+from spardl_jax.sync.sync_options import SyncOptions
 from spardl_jax.sync.density import DensityRule
 
 __all__ = ['sync_gradients', 'spardl', 'powersgd', 'built_with', 'dense_warmup']
@@ -177,7 +178,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     Sarfi et al., "Communication Efficient LLM Pre-training with SparseLoCo", arXiv
     2508.15706 (the decayed error feedback).
   """
-  config = stages.SyncOptions(
+  config = SyncOptions(
       method, tuple(levels.build(method, options, warmup_steps=warmup_steps)),
       axis_name=axis_name, axis_size=axis_size, nonfinite=nonfinite, momentum=momentum,
       momentum_masking=momentum_masking, clip_norm=clip_norm, param_specs=param_specs,
@@ -185,12 +186,12 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
       delay=delay)
 
   def init_fn(params):
-    return stages.init(config, params)
+    return entries.init(config, params)
 
   def update_fn(updates, state, params=None, *, param_specs=None, batch_axes=None,
                 next_message=None, **extra_args):
     del params, extra_args  # other transformations' extra arguments
-    return stages.update(config, updates, state, param_specs, batch_axes, next_message)
+    return entries.update(config, updates, state, param_specs, batch_axes, next_message)
 
   _BUILT[update_fn] = config
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -201,7 +202,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def built_with(tx: optax.GradientTransformation) -> stages.SyncOptions | None:
+def built_with(tx: optax.GradientTransformation) -> SyncOptions | None:
   """The validated options ``tx`` was built with, or None where ``tx`` is no
   :func:`sync_gradients` (a chain, another transformation)."""
   return _BUILT.get(tx.update)
