@@ -162,19 +162,20 @@ def test_the_nanogpt_report_re_renders_and_adam_md_copies_it(tmp_path, capsys):
 
 
 PAGES = sorted(glob.glob(os.path.join(RESULTS, "*.md")))
-RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence) (.+?) -->")
+RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence|scale) (.+?) -->")
 # Tables a page still types by hand (issue 45: each is rendered from raw outputs or measured
 # again; the count only falls). Every other table is rendered by the command in the comment
 # above it, or is a copy of a report a driver wrote beside its raw files.
-TYPED = {"adam.md": 6, "cpu_profile.md": 6, "network.md": 1, "outer.md": 9, "scale.md": 9,
+TYPED = {"adam.md": 6, "cpu_profile.md": 6, "network.md": 1, "outer.md": 9, "scale.md": 3,
          "selection.md": 4, "sync_methods.md": 8, "training.md": 7}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=os.path.basename)
 def test_every_table_of_a_page_is_rendered_or_counted_as_typed(page, tmp_path, monkeypatch,
                                                                 capsys):
-  """A table after a ``<!-- rendered: python -m benchmarks.convergence ARGS -->`` comment is
-  one of the tables that command writes now from the committed raw files; a table that is
+  """A table after a ``<!-- rendered: python -m benchmarks.DRIVER ARGS -->`` comment
+  (``convergence``, ``scale``) is one of the tables that command writes now from the
+  committed raw files; a table that is
   a report's (a driver's ``*.md`` beside its raw files) is a copy; the rest are typed, and
   there are exactly as many as TYPED says (a new typed table fails, and so does one
   rendered without lowering the count)."""
@@ -182,17 +183,19 @@ def test_every_table_of_a_page_is_rendered_or_counted_as_typed(page, tmp_path, m
   monkeypatch.chdir(ROOT)
   reports = {t for path in glob.glob(os.path.join(RESULTS, "*", "**", "*.md"), recursive=True)
              for t in _tables(_read(path))} | set(_selection_gpu_tables()[0])
-  text, typed, rendered = _read(page), 0, 0
+  text, typed = _read(page), 0
   for i, match in enumerate(re.finditer(r"(?:^\|.*\n)+", text, re.M)):
     table = match.group(0).strip()
     before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
     command = RENDERED_BY.fullmatch(before)
-    if command:
+    if command and command.group(1) == "convergence":  # it writes its tables under --out
       out = tmp_path / str(i)
       assert convergence.main([*command.group(2).split(), "--out", str(out)]) == 0
       capsys.readouterr()
       assert table in _tables(_read(str(out / "results.md"))), table.splitlines()[:3]
-      rendered += 1
+    elif command:  # scale prints them
+      scale.main(command.group(2).split())
+      assert table in _tables(capsys.readouterr().out), table.splitlines()[:3]
     elif table not in reports:
       typed += 1
   assert typed == TYPED.get(os.path.basename(page), 0), (
