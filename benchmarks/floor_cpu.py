@@ -64,8 +64,7 @@ def main(argv=None) -> int:
   }
   states = {}
   for spec in args.methods.split(","):
-    name, options = methods.parse(spec, density=0.01)
-    method = methods.make(name, p=p, **options)
+    method = methods.parse(spec, density=0.01).build(p)
     sync = methods.sharded(method, mesh)
     states[spec] = distributed.shard_rows(methods.init_rows(method, p, n), mesh)
 

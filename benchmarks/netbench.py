@@ -199,8 +199,7 @@ def worker(args) -> int:
   x = distributed.shard_rows(xs, mesh)
   runs, sent = {}, {}
   for text in args.methods:
-    name, options = methods.parse(text, density=args.density)
-    method = methods.make(name, p=p, **options)
+    method = methods.parse(text, density=args.density).build(p)
     state = distributed.shard_rows(methods.init_rows(method, p, args.n), mesh)
     fn = methods.sharded(method, mesh)
     _, state = jax.block_until_ready(fn(x, state))  # compile and warm up (step 0)

@@ -68,8 +68,7 @@ def _method(spec: str, density: float, p: int):
   """A method from its spec (``spardl``, ``spardl:wire=exact``, ``spardl:density=auto``) on
   ``p`` devices, at ``density`` unless the spec gives one."""
   from spardl_jax import methods
-  name, options = methods.parse(spec, density=density)
-  return methods.make(name, p=p, **options)
+  return methods.parse(spec, density=density).build(p)
 
 
 def sync_seconds(method, *, p: int, n: int, link: Link, compute_s: float,

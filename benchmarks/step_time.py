@@ -65,11 +65,10 @@ def _parse_args(argv):
   return args
 
 
-def _spec(text: str) -> tuple[str, dict]:
-  """``(method, options)`` of a method spec, through the registry's parser."""
+def _spec(text: str):
+  """The :class:`spardl_jax.methods.MethodSpec` ``(method, options)`` of a method spec."""
   from spardl_jax import methods
-  name, options = methods.parse(text, density=DENSITY)
-  return name, options
+  return methods.parse(text, density=DENSITY)
 
 
 def synthetic_batch(model, spec, rows: int, seed: int = 0):

@@ -98,8 +98,7 @@ def profile(method_spec: str, *, p: int, n: int, calls: int, density: float = 0.
   from spardl_jax import methods
 
   jax.config.update("jax_traceback_in_locations_limit", -1)  # whole stacks in the HLO
-  name, options = methods.parse(method_spec, density=density)
-  method = methods.make(name, p=p, **options)
+  method = methods.parse(method_spec, density=density).build(p)
   x = jax.random.normal(jax.random.key(0), (p, n))
   state = jax.tree.map(lambda a: jax.numpy.broadcast_to(a, (p, *a.shape)),
                        method.init(n=n, dtype=x.dtype, p=p))

@@ -179,7 +179,6 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, float]:
 
   from models import MODELS, create
   from models.registry import abstract_params
-  from spardl_jax import methods
   from train.config import OPTION_DEFAULTS, parse_variant
 
   shapes = [leaf.shape for leaf in jax.tree.leaves(abstract_params(
@@ -188,7 +187,7 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, float]:
   rounds = {}
   for spec in specs:
     variant = parse_variant(spec, **OPTION_DEFAULTS)
-    method = methods.make(variant.method, p=p, **variant.options).for_leaves(shapes)
+    method = variant.spec.build(p).for_leaves(shapes)
     rounds[spec] = int(method.formula(p=p, n=n, itemsize=4).rounds) / (
         variant.tuning.outer or 1)
   return rounds

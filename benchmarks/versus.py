@@ -61,6 +61,7 @@ def run(args) -> list[tuple[str, float]]:
   calls = {"psum": [lambda x, state: (psum(x), None), None]}
   for spec in args.methods.split(","):
     for label, methods in versions.items():
+      # (method, options) unpacked and made: the earlier version's parse returns a tuple.
       name, options = methods.parse(spec, density=args.density)
       method = methods.make(name, **options)
       calls[f"{spec} ({label})"] = [methods.sharded(method, mesh),

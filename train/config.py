@@ -121,6 +121,11 @@ class Variant:
   options: dict
   tuning: Tuning = Tuning()
 
+  @property
+  def spec(self) -> methods.MethodSpec:
+    """The method and its options, as :func:`spardl_jax.methods.parse` reads a spec."""
+    return methods.MethodSpec(self.method, self.options)
+
 
 Optimizer = Literal["sgd", "adamw"]
 LrSchedule = Literal["constant", "cosine"]
@@ -225,7 +230,7 @@ def parse_variants(texts: list[str], **defaults) -> tuple[Variant, ...]:
     try:
       # A density picked from the devices (density=auto) is picked by the sync itself; any
       # device count checks the other options here.
-      methods.make(variant.method, p=2, **variant.options)
+      variant.spec.build(p=2)
     except (ValueError, TypeError) as error:
       raise ValueError(f"--compare {text!r}: {error}") from None
     variants.append(variant)

@@ -15,7 +15,7 @@ import functools
 import types
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +33,7 @@ from spardl_jax.sync.density import AUTO, at_devices
 
 __all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'parse_density',
            'option_parser', 'split_spec',
-           'parse', 'make', 'describe', 'init_rows', 'abstract_rows', 'sharded',
+           'MethodSpec', 'parse', 'make', 'describe', 'init_rows', 'abstract_rows', 'sharded',
            'default_selection', 'AUTO',
            # The protocol a method implements, and its registration (docs/new-method.md).
            'AllReduce', 'Cost', 'FlatVector', 'register']
@@ -121,15 +121,33 @@ def split_spec(text: str) -> tuple[str, list[str]]:
   return method, pairs
 
 
-def parse(text: str, **defaults) -> tuple[str, dict]:
-  """``method[:key=value[:key=value...]]`` -> ``(method, options)`` for :func:`make`.
+class MethodSpec(NamedTuple):
+  """A method spec read once (:func:`parse`): the registered method's name and its options,
+  a ``density`` possibly still ``"auto"`` or a rule, picked when the method is built for the
+  devices it runs on."""
+
+  method: str
+  options: dict
+
+  def build(self, p: int | None = None) -> AllReduce:
+    """The all-reduce for ``p`` devices (:func:`make`; ``p`` only matters to a density
+    picked from the devices)."""
+    return make(self.method, p=p, **self.options)
+
+
+def parse(text: str, **defaults) -> MethodSpec:
+  """``method[:key=value[:key=value...]]`` -> the :class:`MethodSpec` (``(method,
+  options)``) that :meth:`MethodSpec.build` or :func:`make` turns into the all-reduce.
 
   Each method takes the fields of its ``Config`` as keys. ``defaults`` give the options
   ``text`` leaves out, each to the methods whose ``Config`` has that field (a
   ``density`` reaches every sparse method, a ``teams`` only SparDL):
 
-    >>> parse("oktopk:tau=16", density=0.01, teams=2)
-    ('oktopk', {'density': 0.01, 'tau': 16})
+    >>> spec = parse("oktopk:tau=16", density=0.01, teams=2)
+    >>> spec
+    MethodSpec(method='oktopk', options={'density': 0.01, 'tau': 16})
+    >>> spec.build(p=8).name
+    'oktopk'
   """
   method, pairs = split_spec(text)
   if method not in protocol.registered():
@@ -148,7 +166,7 @@ def parse(text: str, **defaults) -> tuple[str, dict]:
     except ValueError:
       raise ValueError(f"method spec {text!r}: {key}={value!r} is not a valid "
                        f"{types[key].__name__}.") from None
-  return method, options
+  return MethodSpec(method, options)
 
 
 def make(method: str, *, p: int | None = None, **options) -> AllReduce:
