@@ -52,11 +52,12 @@ class Link(NamedTuple):
 
 # Ethernet's latency per round is the library's 10 GbE figure at every rate (the cost model's
 # defaults, core/config.py); InfiniBand's is its own.
+ETHERNET_ALPHA = cost_model.ETHERNET_10G["alpha"]
 LINKS = {
-    "100mbit": Link(cost_model.ETHERNET_10G["alpha"], 8 / 100e6),
-    "1gbe": Link(cost_model.ETHERNET_10G["alpha"], 8 / 1e9),
-    "10gbe": Link(cost_model.ETHERNET_10G["alpha"], cost_model.ETHERNET_10G["beta"]),
-    "25gbe": Link(cost_model.ETHERNET_10G["alpha"], 8 / 25e9),
+    "100mbit": Link(ETHERNET_ALPHA, 8 / 100e6),
+    "1gbe": Link(ETHERNET_ALPHA, 8 / 1e9),
+    "10gbe": Link(ETHERNET_ALPHA, cost_model.ETHERNET_10G["beta"]),
+    "25gbe": Link(ETHERNET_ALPHA, 8 / 25e9),
     "ib100": Link(cost_model.INFINIBAND_100G["alpha"], cost_model.INFINIBAND_100G["beta"]),
 }
 # netbench's `tc tbf ... burst 4mb` (tc's mb is MiB) before its runs recorded their bucket:

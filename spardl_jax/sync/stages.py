@@ -314,10 +314,11 @@ def _run_one(level: levels.Level, x, local, index, *, n: int, p: int, itemsize: 
                   index, before)
 
 
-def level_index(levels_, count) -> jax.Array:
-  """The index of the level (of the sequence ``levels_``, ascending starts) that sync
+def level_index(levels_, count, starts=None) -> jax.Array:
+  """The index of the level (of the sequence ``levels_``, ascending ``starts``) that sync
   ``count`` runs."""
-  starts = np.array([level.start for level in levels_])
+  if starts is None:
+    starts = np.array([level.start for level in levels_])
   return (jnp.sum(count >= starts) - 1).astype(jnp.int32)
 
 
@@ -329,7 +330,7 @@ def run_level(options: SyncOptions, trace: Trace, x, local, count) -> LevelRun:
   if len(trace.levels) == 1:
     return run(trace.levels[0], x, local, jnp.zeros((), jnp.int32))
   starts = np.array([level.start for level in trace.levels])
-  index = level_index(trace.levels, count)
+  index = level_index(trace.levels, count, starts)
   # Entering a sparse level restarts the method's other state for its size; the residual
   # (delivered or still owed mass) carries over.
   entering = jnp.isin(count, starts[1:])
