@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The nanoGPT case of benchmarks/results/adam.md (nanoGPT's baby GPT and CPU recipe, 8 simulated
 # CPU devices): dense AdamW on three seeds, then each mechanism on seed 0, each variant in a
-# folder of its own so that a long sequence keeps what finished; the table comes from --report.
+# folder of its own so that a long sequence keeps what finished; the table comes from --report,
+# which joins a variant's seeds from several folders (SEEDS=1,2 OUT_SUFFIX=_s12 adds a
+# finalist's other seeds beside its seed 0).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 R=benchmarks/results/adam/nanogpt
 RUN="python -m benchmarks.convergence --cases shakespeare_nanogpt --on loss --target 0.98"
 [ -f $R/dense/results.json ] || $RUN --variants dense --seeds 0,1,2 --out $R/dense
-for v in ${VARIANTS:-vectors recipe local_vectors vectors_2 local recipe_2}; do
-  [ -f $R/$v/results.json ] || $RUN --variants $v --no-dense --seeds ${SEEDS:-0} --out $R/$v
+for v in ${VARIANTS:-vectors recipe local_vectors vectors_2 vectors_4 vectors_5 powersgd}; do
+  out=$R/$v${OUT_SUFFIX:-}
+  [ -f $out/results.json ] || $RUN --variants $v --no-dense --seeds ${SEEDS:-0} --out $out
 done
 dirs=$(ls -d $R/*/ | grep -v /table/ | tr '\n' ',' | sed 's/,$//; s/\/,/,/g; s/\/$//')
 $RUN --report "$dirs" --out $R/table
