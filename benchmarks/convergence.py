@@ -190,7 +190,8 @@ ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced",
              "powersgd")
 # The nanoGPT case's mechanisms, each beside today's recipe, and the competitors.
 NANOGPT_KEYS = ("dense", "recipe", "vectors", "local", "local_vectors", "recipe_2",
-                "vectors_2", "vectors_4", "vectors_5", "paper", "topka", "powersgd", "dense_bf16")
+                "vectors_2", "vectors_4", "vectors_5", "paper", "topka", "powersgd",
+                "dense_bf16")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)
 GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS, "adam": ADAM_KEYS,
@@ -506,8 +507,10 @@ def run(args) -> int:
       seeds = saved.get("seeds")
       for r in saved.pop("rows"):
         # A variant is its label (one key, such as DiLoCo's, runs at several H); its seeds
-        # are the run's when every row has one curve per seed (a report's output does not).
-        r = {**r, "seeds": seeds if seeds and len(seeds) == len(r["curves"]) else None}
+        # are its own (a report's rows keep them), else the run's when it has one curve a
+        # seed.
+        r = {**r, "seeds": r.get("seeds") or (
+            seeds if seeds and len(seeds) == len(r["curves"]) else None)}
         found = runs_of.setdefault(r["case"], {})
         group = "dense" if r["key"] == "dense" else r["variant"]
         if group in found:

@@ -175,10 +175,9 @@ def test_every_table_of_a_page_is_rendered_or_counted_as_typed(page, tmp_path, m
                                                                 capsys):
   """A table after a ``<!-- rendered: python -m benchmarks.DRIVER ARGS -->`` comment
   (``convergence``, ``scale``) is one of the tables that command writes now from the
-  committed raw files; a table that is
-  a report's (a driver's ``*.md`` beside its raw files) is a copy; the rest are typed, and
-  there are exactly as many as TYPED says (a new typed table fails, and so does one
-  rendered without lowering the count)."""
+  committed raw files; a table that is a report's (a driver's ``*.md`` beside its raw files)
+  is a copy; the rest are typed, and there are exactly as many as TYPED says (a new typed
+  table fails, and so does one rendered without lowering the count)."""
   from benchmarks import convergence
   monkeypatch.chdir(ROOT)
   reports = {t for path in glob.glob(os.path.join(RESULTS, "*", "**", "*.md"), recursive=True)
