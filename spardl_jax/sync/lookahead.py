@@ -171,5 +171,5 @@ def _kept_by_the_level(options, state: SyncState, vec, shapes):
 
   if len(bound) == 1:
     return cut(bound[0])(vec)
-  return jax.lax.switch(stages.level_index(bound, state.count[0]),
+  return jax.lax.switch(stages.level_index(stages.level_starts(bound), state.count[0]),
                         [cut(level) for level in bound], vec)

@@ -40,7 +40,7 @@ from spardl_jax.sync.sync_options import SyncOptions
 
 __all__ = ['init_local', 'update_local', 'check_state',
            'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats',
-           'level_index', 'Leaves', 'split_leaves', 'merge_float_leaves', 'with_float_leaves',
+           'level_starts', 'level_index', 'Leaves', 'split_leaves', 'merge_float_leaves', 'with_float_leaves',
            'UNORDERED_COLLECTIVES',
            'waits_for_gradient', 'message_size', 'unpack', 'hold', 'LevelRun', 'Agreed']
 
@@ -314,11 +314,14 @@ def _run_one(level: levels.Level, x, local, index, *, n: int, p: int, itemsize: 
                   index, before)
 
 
-def level_index(levels_, count, starts=None) -> jax.Array:
-  """The index of the level (of the sequence ``levels_``, ascending ``starts``) that sync
-  ``count`` runs."""
-  if starts is None:
-    starts = np.array([level.start for level in levels_])
+def level_starts(levels_) -> np.ndarray:
+  """The step each level (of the sequence ``levels_``) starts at, ascending."""
+  return np.array([level.start for level in levels_])
+
+
+def level_index(starts: np.ndarray, count) -> jax.Array:
+  """The index of the level (of :func:`level_starts`' ``starts``) that sync ``count``
+  runs."""
   return (jnp.sum(count >= starts) - 1).astype(jnp.int32)
 
 
@@ -329,8 +332,8 @@ def run_level(options: SyncOptions, trace: Trace, x, local, count) -> LevelRun:
                           decay=options.residual_decay)
   if len(trace.levels) == 1:
     return run(trace.levels[0], x, local, jnp.zeros((), jnp.int32))
-  starts = np.array([level.start for level in trace.levels])
-  index = level_index(trace.levels, count, starts)
+  starts = level_starts(trace.levels)
+  index = level_index(starts, count)
   # Entering a sparse level restarts the method's other state for its size; the residual
   # (delivered or still owed mass) carries over.
   entering = jnp.isin(count, starts[1:])

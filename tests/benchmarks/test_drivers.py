@@ -172,7 +172,8 @@ def test_a_report_joins_one_variants_seeds_from_several_directories(tmp_path):
     (tmp_path / name / "results.json").write_text(json.dumps({"seeds": seeds, "rows": rows}))
     return str(tmp_path / name)
   dense = ("dense", "dense", [[[10, 40.0, 0.5, 2.0]], [[10, 40.0, 0.5, 2.0]]])
-  first = run("a", [0, 1], [dense, ("v", "v at 10", [[[10, 4.0, 0.5, 2.4]], [[10, 4.0, 0.5, 2.3]]])])
+  first = run("a", [0, 1], [dense, ("v", "v at 10",
+                                    [[[10, 4.0, 0.5, 2.4]], [[10, 4.0, 0.5, 2.3]]])])
   more = run("b", [1, 2], [dense[:2] + ([dense[2][0], [[10, 40.0, 0.5, 2.0]]],),
                            ("v", "v at 10", [[[10, 4.0, 0.5, 2.3]], [[10, 4.0, 0.5, 2.0]]]),
                            ("v", "v at 30", [[[10, 4.0, 0.5, 1.0]], [[10, 4.0, 0.5, 1.0]]])])
