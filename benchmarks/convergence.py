@@ -37,6 +37,7 @@ test loss times ``2 - --target``. A case with a mesh of its own (``*_sharded``,
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import math
@@ -413,6 +414,51 @@ def final_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def pivot_table(rows: list[dict]) -> str:
+  """The variants side by side across the cases: one line per variant (its key; the cases
+  join on it), one column per case with its final test metric or loss (the mean, and per
+  seed when there are several), that over dense's, and dense's bytes a step (run mean) over
+  its. The best final of each case among the variants sending under half of dense's bytes
+  (the compressed ones, `bfloat16` dense aside) is bold."""
+  cases = list(dict.fromkeys(r["case"] for r in rows))
+  # A key that one case runs under several labels (DiLoCo at several H) joins on the label.
+  shared = collections.Counter((r["case"], r["key"]) for r in rows)
+  join = lambda r: r["variant"] if shared[r["case"], r["key"]] > 1 else r["key"]  # noqa: E731
+  keys = list(dict.fromkeys(join(r) for r in rows))
+  at = {(r["case"], join(r)): r for r in rows}
+  lower = _falls(rows[0].get("on", "metric"), rows[0]["metric"])
+  name = "loss" if rows[0].get("on") == "loss" else "metric"
+  mean = lambda r: float(np.mean(r["final"]))  # noqa: E731
+  # A diverged run (a non-finite final) is the worst of its case.
+  score = lambda r: ((mean(r) if lower else -mean(r)) if np.isfinite(mean(r))  # noqa: E731
+                     else np.inf)
+  best = {c: min((r for r in rows if r["case"] == c and 2 * r["bytes_per_step"]
+                  < at[c, "dense"]["bytes_per_step"]), key=score, default=None)
+          for c in cases if (c, "dense") in at}
+  lines = [f"| key | variant (final test {name} · × dense's · dense ÷ bytes a step) | "
+           f"{' | '.join(cases)} |",
+           "| --- | --- |" + " --- |" * len(cases)]
+  for key in keys:
+    labels = " / ".join(dict.fromkeys(at[c, key]["variant"] for c in cases if (c, key) in at))
+    cells = []
+    for c in cases:
+      r, dense = at.get((c, key)), at.get((c, "dense"))
+      if r is None or dense is None:
+        cells.append("")
+        continue
+      if not np.isfinite(mean(r)):
+        cells.append(f"diverged · – · {dense['bytes_per_step'] / r['bytes_per_step']:.1f}")
+        continue
+      value = f"{mean(r):.3f}"
+      if r is best.get(c):
+        value = f"**{value}**"
+      seeds = f" ({', '.join(f'{v:.3f}' for v in r['final'])})" if len(r["final"]) > 1 else ""
+      cells.append(f"{value}{seeds} · {mean(r) / mean(dense):.2f} · "
+                   f"{dense['bytes_per_step'] / r['bytes_per_step']:.1f}")
+    lines.append(f"| `{key}` | {labels} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def targets_table(by_target: list[list[dict]]) -> str:
   """One line per variant across the targets (rows of :func:`rows_at` at each, in the same
   order): steps to each (per seed) and over dense's, the final test metric or loss (per
@@ -476,8 +522,9 @@ def write(out: str, by_target: list[list[dict]], meta: dict) -> str:
   """``results.json``, ``results.md`` and ``convergence.png`` under ``out`` from the rows at
   each target (the first target's rows saved and plotted); returns the tables."""
   rows = by_target[0]
-  table = format_table(rows) + ("\n\n" + targets_table(by_target) if len(by_target) > 1
-                                else "")
+  table = (format_table(rows)
+           + ("\n\n" + targets_table(by_target) if len(by_target) > 1 else "")
+           + ("\n\n" + pivot_table(rows) if len({r["case"] for r in rows}) > 1 else ""))
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump({**meta, "rows": rows}, f, indent=2)

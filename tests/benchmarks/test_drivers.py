@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 
+import numpy as np
 import pytest
 
 from benchmarks import (convergence, floor_cpu, netbench, outer_sync_time, paper_compare,
@@ -186,6 +187,27 @@ def test_a_report_joins_one_variants_seeds_from_several_directories(tmp_path):
   table = (tmp_path / "t" / "results.md").read_text()
   assert "| steps to 102% (per seed) | × dense | steps to 150% (per seed) | × dense |" in table
   assert "| c | v at 10 | never (never, never, 10) | – | 10 (10, 10, 10) | 1.00 |" in table
+
+
+def test_a_report_of_several_cases_sets_the_variants_side_by_side():
+  """Several cases give one line per variant (joined on its key, each case's label kept), a
+  cell per case of its final loss, that over dense's and dense's bytes over its; the best
+  under half of dense's bytes bold (bfloat16-like halves are not), a diverged run said so, a
+  case that did not run the variant left empty."""
+  def row(case, key, label, finals, sent):
+    return {"case": case, "key": key, "variant": label, "metric": "accuracy", "on": "loss",
+            "final": finals, "bytes_per_step": sent}
+  rows = [row("a", "dense", "dense", [2.0, 2.0], 100.0), row("a", "half", "half", [2.0], 50.0),
+          row("a", "s", "s (5 steps)", [2.2, 2.6], 10.0), row("a", "t", "t", [2.5], 20.0),
+          row("b", "dense", "dense", [1.0], 80.0), row("b", "s", "s (9 steps)", [np.inf], 8.0)]
+  assert convergence.pivot_table(rows).splitlines() == [
+      "| key | variant (final test loss · × dense's · dense ÷ bytes a step) | a | b |",
+      "| --- | --- | --- | --- |",
+      "| `dense` | dense | 2.000 (2.000, 2.000) · 1.00 · 1.0 | 1.000 · 1.00 · 1.0 |",
+      "| `half` | half | 2.000 · 1.00 · 2.0 |  |",
+      "| `s` | s (5 steps) / s (9 steps) | **2.400** (2.200, 2.600) · 1.20 · 10.0 | "
+      "diverged · – · 10.0 |",
+      "| `t` | t | 2.500 · 1.25 · 5.0 |  |"]
 
 
 def test_the_labs_readme_lists_every_driver_script_and_page():
