@@ -481,9 +481,11 @@ def targets_table(by_target: list[list[dict]]) -> str:
                    f" ({per_seed}) | "
                    f"{'–' if at['steps_ratio'] is None else format(at['steps_ratio'], '.2f')}")
     finals = ", ".join(f"{v:.3f}" for v in r["final"])
+    ratio = (format(dense[r["case"]]["bytes_per_step"] / r["bytes_per_step"], ",.0f")
+             if r["bytes_per_step"] else "–")  # a run that recorded no bytes
     lines.append(f"| {r['case']} | {r['variant']} | {' | '.join(steps)} | "
                  f"{np.mean(r['final']):.3f} ({finals}) | {r['bytes_per_step']:,.0f} | "
-                 f"{dense[r['case']]['bytes_per_step'] / r['bytes_per_step']:,.0f} |")
+                 f"{ratio} |")
   return "\n".join(lines)
 
 

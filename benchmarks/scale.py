@@ -32,10 +32,10 @@ import sys
 import numpy as np
 
 from spardl_jax import methods
-from benchmarks import project, runs
-from benchmarks.cli import fraction
+from benchmarks import convergence, project, runs
+from benchmarks.cli import FRACTIONS
 
-__all__ = ["load_runs", "steps_table", "time_rows", "first_rows", "crossover", "main"]
+__all__ = ["load_runs", "steps_table", "across_targets", "time_rows", "first_rows", "crossover", "main"]
 
 FIXED_DENSITY = 0.01
 
@@ -69,7 +69,8 @@ def steps_table(by_p: dict[int, dict[str, dict]], fraction: float) -> list[dict]
       steps = [(runs.first_reaching(entry["curves"][seed], goal) or (None,))[0]
                for seed in seeds]
       rows.append({"p": p, "label": label, "method": entry["method"],
-                   "options": entry["options"], "target": goal, "seeds": seeds,
+                   "options": entry["options"], "fraction": fraction, "target": goal,
+                   "seeds": seeds,
                    "steps": steps,
                    "mean_steps": None if None in steps else float(np.mean(steps)),
                    "final": [entry["curves"][seed][-1][1] for seed in seeds],
@@ -108,6 +109,23 @@ def against_p(steps: list[dict], *, fraction: float, title: str) -> str:
              if (p, l) in by else "" for l in labels]
     lines.append(f"| {p} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
+
+
+def across_targets(by_target: list[list[dict]]) -> str:
+  """One line per (P, variant) across the targets (:func:`steps_table`'s rows at each, in
+  the same order), as convergence's reports write them: steps to each target (per seed) and
+  over dense's at that P, the final test metric (per seed), the bytes a step and dense's over
+  them."""
+  def as_rows(steps, fraction):
+    dense = {r["p"]: r["mean_steps"] for r in steps if r["label"] == "dense"}
+    return [{"case": f"P = {r['p']}", "key": r["label"], "variant": r["label"],
+             "metric": "accuracy", "on": "metric", "fraction": fraction,
+             "steps": r["steps"], "mean_steps": r["mean_steps"], "final": r["final"],
+             "steps_ratio": (r["mean_steps"] / dense[r["p"]]
+                             if r["mean_steps"] and dense[r["p"]] else None),
+             "bytes_per_step": r["bytes_per_step"]} for r in steps]
+  return convergence.targets_table([as_rows(steps, steps[0]["fraction"])
+                                    for steps in by_target]) + "\n"
 
 
 def _bound(method_name: str, options: dict, shapes, p: int):
@@ -303,8 +321,10 @@ def main(argv=None) -> int:
                            "without it, the steps against P alone")
   parser.add_argument("--model",
                       help="the projected model (its shapes for PowerSGD, its n), e.g. vgg16")
-  parser.add_argument("--target", type=fraction, default=0.98,
-                      help="fraction of dense's final test metric (default 0.98)")
+  parser.add_argument("--target", type=FRACTIONS, default=[0.98],
+                      help="fraction of dense's final test metric (default 0.98); without "
+                           "--projection a comma list adds a table of each variant's steps "
+                           "to each")
   parser.add_argument("--title", default="")
   parser.add_argument("--alpha-scales", type=lambda text: [float(v) for v in text.split(",")],
                       default=[], help="also project with every link's latency per round "
@@ -314,11 +334,18 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.projection is None:
     try:
-      steps = steps_table(load_runs(args.runs.split(",")), args.target)
+      by_p = load_runs(args.runs.split(","))
+      by_target = [steps_table(by_p, target) for target in args.target]
     except ValueError as error:
       parser.error(str(error))
-    print(against_p(steps, fraction=args.target, title=args.title or args.runs))
+    print("\n".join(against_p(steps, fraction=target, title=args.title or args.runs)
+                    for steps, target in zip(by_target, args.target))
+          + (f"\n{across_targets(by_target)}" if len(by_target) > 1 else ""))
     return 0
+  if len(args.target) > 1:
+    parser.error("--target: one fraction with --projection (a time to accuracy is of one "
+                 "target)")
+  args.target = args.target[0]
   if args.model is None:
     parser.error("--projection needs --model (the projected model's shapes and n)")
   path = os.path.join(args.projection, "projection.json")

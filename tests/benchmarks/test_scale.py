@@ -114,6 +114,24 @@ def test_steps_against_p_without_a_projection(runs, capsys):
     scale.main(["--runs", str(runs), "--projection", str(runs)])
 
 
+def test_several_targets_add_each_variants_steps_to_each(runs, capsys):
+  """--target 0.98,0.5 without a projection: a table per target, then one line per (P,
+  variant) with its steps to each (per seed) over dense's at that P, its finals and bytes;
+  with a projection one target only."""
+  assert scale.main(["--runs", str(runs), "--target", "0.98,0.5"]) == 0
+  out = capsys.readouterr().out
+  assert out.count("# Steps to ") == 2
+  # 0.5 of 0.965 is 0.4825: dense reaches it at step 10, SparDL 1 % at 20 (0.4 < 0.4825).
+  assert ("| P = 8 | spardl | 30 (30, 30) | 1.00 | 20 (20, 20) | 2.00 | 0.960 (0.960, 0.960) "
+          "| 0 | – |") in out
+  assert "| P = 8 | topka | never (never, never) | – | 20 (20, 20) | 2.00 |" in out
+  assert "| P = 16 | gtopk | 20 (20) | 0.67 | 10 (10) | 1.00 | 0.960 (0.960) |" in out
+  with pytest.raises(SystemExit):
+    scale.main(["--runs", str(runs), "--projection", str(runs), "--model", "mlp",
+                "--target", "0.95,0.98"])
+  assert "--target: one fraction with --projection" in capsys.readouterr().err
+
+
 def test_the_density_rule_is_projected_at_its_density_for_p(tmp_path):
   """``spardl:density=auto`` at P = 16 sends at the rule's 2.5 % * log2 16 / log2 8 = 3.33 %,
   and the best-density table names it by the rule."""
@@ -145,4 +163,5 @@ def test_bad_flags(runs, tmp_path, capsys):
   with pytest.raises(SystemExit):
     scale.main(["--runs", str(runs), "--projection", str(tmp_path), "--model", "mlp",
                 "--target", "1.5"])
-  assert "argument --target: must be a fraction in (0, 1], got 1.5" in capsys.readouterr().err
+  assert ("argument --target: must be a comma list of fractions in (0, 1], got '1.5'"
+          in capsys.readouterr().err)
