@@ -1,0 +1,7 @@
+"""``python -m spardl_jax.tools.bench``: :func:`spardl_jax.tools.bench.main`."""
+
+import sys
+
+from spardl_jax.tools.bench import main
+
+sys.exit(main())
