@@ -1,5 +1,7 @@
 """Smoke tests of the benchmark (tiny sizes; they assert what is measured, never wall time)."""
 
+import json
+
 from spardl_jax.tools import bench
 from tests import formulas
 
@@ -86,3 +88,17 @@ def test_emulated_sync_on_one_device():
     assert r["identical_ranks"] and r["time_s"] > 0 and r["per_rank_s"] == r["time_s"] / 4
   assert rows[2]["time_s"] is None and "not emulable with jax.vmap" in rows[2]["skipped"]
   assert "| 2,000 | 4 | dense |" in bench.format_emulated(rows)
+
+
+def test_out_keeps_the_rows_where_they_were_measured_and_their_tables(tmp_path, capsys):
+  """--out: the rows with the arguments, the commit, the machine, the versions and the
+  selection method (selection.json), and the tables printed, as the rows render them
+  (selection.md)."""
+  assert bench.main(["--selection", "--n", "3000", "--densities", "0.01", "--repeats", "1",
+                     "--out", str(tmp_path)]) == 0
+  saved = json.loads((tmp_path / "selection.json").read_text())
+  assert {"args", "commit", "date", "machine", "versions", "selection", "rows"} <= set(saved)
+  assert saved["args"]["n"] == [3000] and saved["versions"]["jax"]
+  tables = bench.report("selection", saved["rows"])
+  assert tables in (tmp_path / "selection.md").read_text()
+  assert tables in capsys.readouterr().out

@@ -33,8 +33,11 @@ it: SparDL's exact block selection (two stages, with each method of
 against ``lax.top_k`` (exact, sorted) and ``lax.approx_max_k`` (approximate, recall target
 0.95), plus one dense elementwise pass over the vector (the memory floor), each the median
 of ``--repeats`` after a warm-up; ours is checked to return exactly ``lax.top_k``'s index
-set. ``--out`` writes ``results.json`` and ``modeled_time.png`` (modeled time vs
-``P`` per method). ``--trace`` writes Perfetto traces of a few calls (ui.perfetto.dev).
+set. ``--out`` writes the rows with the arguments and where they were measured (the commit,
+the machine, the versions, the selection method) as ``results.json`` (``selection.json``,
+``emulated.json``), the printed tables beside them as ``results.md`` (``selection.md``,
+``emulated.md``), and ``modeled_time.png`` (modeled time vs ``P`` per method). ``--trace``
+writes Perfetto traces of a few calls (ui.perfetto.dev).
 
 ``--emulate`` times the whole sync's compute on ONE device with the ``P`` ranks emulated:
 ``jax.vmap`` with the method's axis name runs all ranks batched, and its collectives become
@@ -61,9 +64,10 @@ from spardl_jax.tools.bench.common import PAPER_SIZES, flat_methods
 from spardl_jax.tools.bench.emulated import format_emulated, run_emulated
 from spardl_jax.tools.bench.selection import format_selection, run_selection
 from spardl_jax.tools.bench.side_by_side import format_table, format_table1, plot, run
+from spardl_jax.tools.provenance import provenance
 
 __all__ = ['flat_methods', 'PAPER_SIZES', 'run', 'run_emulated', 'format_table', 'format_table1',
-           'format_emulated', 'plot', 'run_selection', 'format_selection', 'main']
+           'format_emulated', 'plot', 'run_selection', 'format_selection', 'report', 'main']
 
 
 def _parse_sizes(text: str) -> list[int]:
@@ -110,7 +114,8 @@ def _parse_args(argv):
                       help="time the top-k selection alone (see above) instead of all-reduces")
   parser.add_argument("--densities", default="0.01,0.001",
                       help="with --selection: densities, comma separated (default 0.01,0.001)")
-  parser.add_argument("--out", help="directory for results.json and modeled_time.png")
+  parser.add_argument("--out", help="directory for the rows (results.json), their tables "
+                                    "(results.md) and modeled_time.png")
   parser.add_argument("--trace", help="directory for Perfetto traces")
   args = parser.parse_args(argv)
   if args.repeats < 1:
@@ -145,14 +150,31 @@ def _parse_args(argv):
   return args
 
 
-def _save(args, name: str, **payload) -> bool:
-  """Writes ``payload`` and the arguments as ``--out``/``name`` (JSON); False without
-  ``--out``."""
+def report(kind: str, rows: list[dict]) -> str:
+  """The Markdown tables of one benchmark's rows (``kind``: ``"results"``, the side by side
+  and the paper's Table 1 beside it; ``"emulated"``; ``"selection"``): what ``main`` prints
+  and writes beside the rows, so a page that copies it can be checked against them."""
+  if kind == "selection":
+    return format_selection(rows)
+  if kind == "emulated":
+    return format_emulated(rows)
+  return (f"{format_table(rows)}\n\nThe paper's Table 1 beside the measurement\n\n"
+          f"{format_table1(rows)}")
+
+
+def _finish(args, kind: str, title: str, rows: list[dict]) -> bool:
+  """Prints the title and the tables; with ``--out``, writes the rows, the arguments and
+  where they were measured (:func:`~spardl_jax.tools.provenance.provenance`) as
+  ``KIND.json`` and the tables as ``KIND.md``. False without ``--out``."""
+  text = report(kind, rows)
+  print(f"{title}\n{text}")
   if not args.out:
     return False
   os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, name), "w") as f:
-    json.dump({"args": vars(args), **payload}, f, indent=2)
+  with open(os.path.join(args.out, f"{kind}.json"), "w") as f:
+    json.dump({"args": vars(args), **provenance(), "rows": rows}, f, indent=2)
+  with open(os.path.join(args.out, f"{kind}.md"), "w") as f:
+    f.write(f"{title}\n\n{text}\n")
   return True
 
 
@@ -160,30 +182,23 @@ def main(argv=None) -> int:
   args = _parse_args(sys.argv[1:] if argv is None else argv)
   if args.selection:
     rows = run_selection(args)
-    print(f"\nSelection of the top k (one device, {jax.devices()[0].device_kind}, "
-          f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}; "
-          f"median of {args.repeats})")
-    print(format_selection(rows))
-    _save(args, "selection.json", rows=rows)
+    _finish(args, "selection", f"\nSelection of the top k (one device, "
+            f"{jax.devices()[0].device_kind}, {platform.machine()}, {os.cpu_count()} cores, "
+            f"jax {jax.__version__}; median of {args.repeats})", rows)
     return 0
   if args.emulate:  # one device, whatever the backend
     rows = run_emulated(args)
-    print(f"Each sync with P ranks emulated on one {jax.devices()[0].device_kind} "
-          f"(jax {jax.__version__}), density {args.density}, median of {args.repeats}")
-    print(format_emulated(rows))
-    _save(args, "emulated.json", rows=rows)
+    _finish(args, "emulated", f"Each sync with P ranks emulated on one "
+            f"{jax.devices()[0].device_kind} (jax {jax.__version__}), density {args.density}, "
+            f"median of {args.repeats}", rows)
     return 0
   # Before JAX starts its CPU backend; ignored on GPU hosts, which use their real devices.
   jax.config.update("jax_num_cpu_devices", max(args.devices))
   rows = run(args)
   machine = (f"{platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0].platform}, "
              f"jax {jax.__version__}")
-  print(f"All-reduce methods, density {args.density}, median of {args.repeats} ({machine}); "
-        f"model alpha={args.alpha:g} s, beta={args.beta:g} s/B; "
-        f"* = the d teams='auto' picks")
-  print(format_table(rows))
-  print("\nThe paper's Table 1 beside the measurement")
-  print(format_table1(rows))
-  if _save(args, "results.json", machine=machine, rows=rows):
+  if _finish(args, "results", f"All-reduce methods, density {args.density}, median of "
+             f"{args.repeats} ({machine}); model alpha={args.alpha:g} s, beta={args.beta:g} "
+             f"s/B; * = the d teams='auto' picks", rows):
     plot(rows, os.path.join(args.out, "modeled_time.png"))
   return 0
