@@ -111,6 +111,28 @@ def test_the_delayed_runs_steps_re_render(target, monkeypatch):
   assert out.getvalue() == _read(os.path.join(runs, f"steps_{target[2:]}.md"))
 
 
+def _bench_raw():
+  """Every raw output of ``spardl-bench --out`` under benchmarks/results that has its tables
+  beside it (``results.json`` and ``results.md``, ``selection.*``, ``emulated.*``)."""
+  found = []
+  for kind in ("results", "selection", "emulated"):
+    for path in glob.glob(os.path.join(RESULTS, "**", f"{kind}.json"), recursive=True):
+      raw = json.loads(_read(path))
+      if ("max_memory_gb" in raw.get("args", {})
+              and os.path.isfile(path[:-len(".json")] + ".md")):
+        found.append(path)
+  return sorted(found)
+
+
+@pytest.mark.parametrize("path", _bench_raw(),
+                         ids=lambda p: os.path.relpath(p, RESULTS).replace(os.sep, "/"))
+def test_a_bench_report_re_renders_from_its_rows(path):
+  """The tables ``spardl-bench`` wrote beside its rows are the ones the rows render now."""
+  from spardl_jax.tools import bench
+  kind = os.path.basename(path)[:-len(".json")]
+  assert bench.report(kind, json.loads(_read(path))["rows"]) in _read(path[:-5] + ".md")
+
+
 def _selection_gpu_tables():
   """The H200 section's tables as their JSON files render them (selection, per rank, the
   stages' two), and the per-rank rows."""
