@@ -32,6 +32,17 @@ sparseloco:density=0.03:outer=30:$R:decay=0.99,sparseloco:density=0.03:outer=30:
 sparseloco:density=0.03:outer=30:outer_momentum=0:outer_lr=0.7:decay=0.95,\
 sparseloco:density=0.03:outer=30:outer_momentum=0:outer_lr=1.5:decay=0.95,\
 sparseloco:density=0.03:outer=30:decay=0.95,sparseloco:density=0.03:chunk=65536:outer=30:$R:decay=0.95"
+# The SparDL outer sync's density and values at H = 30, and the outer step (DiLoCo's 0.7 / 0.9,
+# plain averaging, 0.7 / 0.5, 0.4 / 0.9) at H = 10 and 30: seed 0 (outer.md's "In the outer
+# loop at H = 30" and "How the defaults were chosen").
+S="spardl:outer=30"
+loco outer_wire_h30 --seed 0 --compare "dense,$S:density=0.01:wire=int4,$S:density=0.03:wire=int4,\
+$S:density=0.03:wire=compact,$S:density=0.03:wire=int2,$S:density=0.1:wire=int2,\
+$S:density=0.1:wire=int4,$S:density=0.03:wire=int8:outer_lr=0.4:outer_momentum=0.9,\
+$S:density=0.03:wire=int4:outer_lr=1:outer_momentum=0"
+loco outer_step --seed 0 --compare "dense$(for h in 10 30; do printf ',dense:outer=%s%s' $h \
+  ":outer_lr=0.7:outer_momentum=0.9" $h ":outer_lr=1:outer_momentum=0" $h "" $h \
+  ":outer_lr=0.4:outer_momentum=0.9"; done)"
 for h in 10 100; do
   loco "sparseloco_h$h" --seed 0 --compare "dense,dense:outer=$h,spardl:outer=$h:density=0.03:wire=int4,\
 sparseloco:density=0.03:outer=$h:$R:decay=0.95,spardl:density=0.03:wire=int4:outer=$h:$R:decay=0.95"
