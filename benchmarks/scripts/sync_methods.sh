@@ -7,7 +7,7 @@
 #   4. every method's whole sync on one CPU device, its 8 ranks batched by jax.vmap.
 # Each writes its rows, where they ran and its tables (results.json / results.md, or
 # selection.* / emulated.*) under benchmarks/results/sync_methods/; the page copies the
-# tables, and tests/benchmarks/test_pages.py re-renders them from the rows.
+# tables, and the page tests re-render them from the rows.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 R=benchmarks/results/sync_methods
