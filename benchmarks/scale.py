@@ -35,7 +35,8 @@ from spardl_jax import methods
 from benchmarks import convergence, project, runs
 from benchmarks.cli import FRACTIONS
 
-__all__ = ["load_runs", "steps_table", "across_targets", "time_rows", "first_rows", "crossover", "main"]
+__all__ = ["load_runs", "steps_table", "across_targets", "time_rows", "first_rows", "crossover",
+           "main"]
 
 FIXED_DENSITY = 0.01
 
