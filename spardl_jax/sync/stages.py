@@ -40,7 +40,8 @@ from spardl_jax.sync.sync_options import SyncOptions
 
 __all__ = ['init_local', 'update_local', 'check_state',
            'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats',
-           'level_starts', 'level_index', 'Leaves', 'split_leaves', 'merge_float_leaves', 'with_float_leaves',
+           'level_starts', 'level_index', 'Leaves', 'split_leaves', 'merge_float_leaves',
+           'with_float_leaves',
            'UNORDERED_COLLECTIVES',
            'waits_for_gradient', 'message_size', 'unpack', 'hold', 'LevelRun', 'Agreed']
 
