@@ -87,6 +87,9 @@ def save(mgr: ocp.CheckpointManager, step: int, state, progress) -> None:
       removed and the checkpoints before it kept.
   """
   failure = None
+  # Installed before the save: a late callback of a failing write can arrive while the wait
+  # below still runs, before its exception reaches this frame (seen under load).
+  _drop_late_tensorstore_callbacks()
   with _quiet_orbax():
     before = set(threading.enumerate())
     try:
@@ -95,7 +98,6 @@ def save(mgr: ocp.CheckpointManager, step: int, state, progress) -> None:
       mgr.wait_until_finished()
     except Exception as error:  # Orbax and TensorStore raise several types for one failure
       failure = error
-      _drop_late_tensorstore_callbacks()
       # The first thread's failure ends the wait; Orbax's other threads of this save still
       # log theirs (about a second later): they are waited for while held back (an Orbax
       # thread's join raises its failure again).
@@ -247,9 +249,9 @@ def _drop_late_tensorstore_callbacks() -> None:
   """After a failed read or write, TensorStore finishes the checkpoint's other operations
   once Orbax has closed the event loop they report to, and each prints ``RuntimeError:
   Event loop is closed`` through ``sys.unraisablehook`` (10 tracebacks for one truncated
-  checkpoint), or through a thread's hook when it arrives late. This drops exactly those,
-  from the first restore or failed save on, and passes everything else to the hooks
-  before."""
+  checkpoint), or through a thread's hook or ``sys.excepthook`` (TensorStore's
+  ``PyErr_Print``) when it arrives late. This drops exactly those, from the first save or
+  restore on, and passes everything else to the hooks before."""
   previous = sys.unraisablehook
   if getattr(previous, "drops_late_tensorstore_callbacks", False):
     return
