@@ -459,6 +459,58 @@ def pivot_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def describe(cfg: dict) -> dict[str, str]:
+  """A case's model, data and optimizer in words, from its :class:`TrainConfig` as a dict
+  (``dataclasses.asdict``; a run records it in its ``results.json``)."""
+  model = f"{cfg['model']} {cfg['model_size']}"
+  if cfg["mesh"]:
+    model += " on (" + ", ".join(f"{axis} {size}" for axis, size in cfg["mesh"]) + ")"
+  data = f"{cfg['dataset']}, batch {cfg['batch_size']}" + (
+      f" × {cfg['seq_len']}" if cfg["seq_len"] else "")
+  optimizer = f"{cfg['optimizer']} lr {cfg['lr']:g}"
+  if cfg["optimizer"] == "sgd":
+    optimizer += f", momentum {cfg['momentum']:g}"
+  else:
+    optimizer += f", b2 {cfg['adam_b2']:g}, weight decay {cfg['weight_decay']:g}" + (
+        " (matrices)" if cfg["weight_decay_on"] == "matrices" else "")
+  if cfg["lr_schedule"] == "cosine":
+    optimizer += ", cosine" + (f" after {cfg['lr_warmup']} warm-up steps" if cfg["lr_warmup"]
+                               else "") + (f" to {cfg['lr_final']:g}×" if cfg["lr_final"] else "")
+  if cfg["grad_clip"] is not None:
+    optimizer += f", clip {cfg['grad_clip']:g}"
+  return {"model": model, "data": data, "optimizer": optimizer}
+
+
+def case_configs(cases) -> dict[str, dict]:
+  """What a run records of its cases' settings: each :class:`TrainConfig` as a dict."""
+  return {case: dataclasses.asdict(dataclasses.replace(CASES[case], variants=()))
+          for case in cases}
+
+
+def cases_table(rows: list[dict], recorded: dict[str, dict]) -> str:
+  """One line per case of a report: its model, data and optimizer (as its runs recorded
+  them in ``recorded``; a run before they did: as :data:`CASES` defines the case now, said
+  under the table), the steps its runs took and dense's final test metric or loss there
+  (the mean, and per seed), from the runs."""
+  name = "loss" if rows[0].get("on") == "loss" else rows[0]["metric"]
+  lines = [f"| case | model | data | optimizer | steps | dense's final test {name} (per seed) |",
+           "| --- | --- | --- | --- | ---: | --- |"]
+  unrecorded = []
+  for r in rows:
+    if r["key"] != "dense":
+      continue
+    if r["case"] not in recorded:
+      unrecorded.append(r["case"])
+    words = describe(recorded.get(r["case"]) or case_configs([r["case"]])[r["case"]])
+    finals = ", ".join(f"{v:.3f}" for v in r["final"])
+    lines.append(f"| `{r['case']}` | {words['model']} | {words['data']} | {words['optimizer']} "
+                 f"| {r['curves'][0][-1][0]:,} | {np.mean(r['final']):.3f} ({finals}) |")
+  if unrecorded:
+    lines += ["", f"Settings of {', '.join(f'`{c}`' for c in unrecorded)}: as "
+              f"`benchmarks/convergence.py` defines the case now (its runs predate the record)."]
+  return "\n".join(lines)
+
+
 def targets_table(by_target: list[list[dict]]) -> str:
   """One line per variant across the targets (rows of :func:`rows_at` at each, in the same
   order): steps to each (per seed) and over dense's, the final test metric or loss (per
@@ -526,7 +578,8 @@ def write(out: str, by_target: list[list[dict]], meta: dict) -> str:
   rows = by_target[0]
   table = (format_table(rows)
            + ("\n\n" + targets_table(by_target) if len(by_target) > 1 else "")
-           + ("\n\n" + pivot_table(rows) if len({r["case"] for r in rows}) > 1 else ""))
+           + ("\n\n" + pivot_table(rows) + "\n\n" + cases_table(rows, meta.get("cases", {}))
+              if len({r["case"] for r in rows}) > 1 else ""))
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump({**meta, "rows": rows}, f, indent=2)
@@ -550,9 +603,11 @@ def run(args) -> int:
     # The directories' runs by case, so one directory's dense sets another's target; a
     # variant's seeds run in several directories are one row.
     runs_of: dict[str, dict] = {}
-    meta = {}
+    meta: dict = {}
+    recorded: dict[str, dict] = {}  # the cases' settings, where their runs recorded them
     for directory in args.report.split(","):
       saved = read_report(directory)
+      recorded.update(saved.get("cases", {}))
       seeds = saved.get("seeds")
       for r in saved.pop("rows"):
         # A variant is its label (one key, such as DiLoCo's, runs at several H); its seeds
@@ -566,7 +621,7 @@ def run(args) -> int:
           merge_seeds(found[group], r, directory)
         else:
           found[group] = r
-      meta = saved
+      meta = {**saved, "cases": recorded}
     for case, found in runs_of.items():
       if "dense" not in found:
         raise ValueError(f"--report: no dense runs of {case} in {args.report} (run them, or "
@@ -629,7 +684,7 @@ def run(args) -> int:
     results.setdefault(case, {"steps": steps, "runs": {}})["runs"].setdefault(
         key, []).append(result)
   meta = {"devices": args.devices, "seeds": args.seeds, "density": DENSITY,
-          "recipes": RECIPES, **runs.provenance()}
+          "recipes": RECIPES, "cases": case_configs(args.cases), **runs.provenance()}
   if args.no_dense:  # the runs alone; a --report with dense's directory makes the table
     rows = [run_row(case, key, results_, r["steps"]) for case, r in results.items()
             for key, results_ in r["runs"].items()]

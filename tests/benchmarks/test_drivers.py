@@ -210,6 +210,29 @@ def test_a_report_of_several_cases_sets_the_variants_side_by_side():
       "| `t` | t | 2.500 · 1.25 · 5.0 |  |"]
 
 
+def test_a_report_of_several_cases_lists_each_cases_settings_as_its_runs_recorded_them():
+  """The cases table: the settings a run recorded (nanoGPT's whole AdamW recipe in words),
+  else the case's definition now, said under the table; steps and dense's finals from the
+  curves."""
+  curve = lambda final: [[100, 1.0, 0.5, 2.0], [2000, 2.0, 0.5, final]]  # noqa: E731
+  rows = [{"case": c, "key": "dense", "variant": "dense", "metric": "accuracy", "on": "loss",
+           "final": finals, "curves": [curve(f) for f in finals]}
+          for c, finals in (("shakespeare_nanogpt", [1.5, 1.7]), ("digits_resnet20", [0.5]))]
+  recorded = {"shakespeare_nanogpt": {**convergence.case_configs(["shakespeare_nanogpt"])[
+      "shakespeare_nanogpt"], "lr": 3e-4}}
+  assert convergence.cases_table(rows, recorded).splitlines() == [
+      "| case | model | data | optimizer | steps | dense's final test loss (per seed) |",
+      "| --- | --- | --- | --- | ---: | --- |",
+      "| `shakespeare_nanogpt` | nanogpt full | shakespeare, batch 96 × 64 | adamw lr 0.0003, "
+      "b2 0.99, weight decay 0.1 (matrices), cosine after 100 warm-up steps to 0.1×, clip 1 | "
+      "2,000 | 1.600 (1.500, 1.700) |",
+      "| `digits_resnet20` | resnet20 full | digits, batch 64 | sgd lr 0.05, momentum 0.9 | "
+      "2,000 | 0.500 (0.500) |",
+      "",
+      "Settings of `digits_resnet20`: as `benchmarks/convergence.py` defines the case now (its "
+      "runs predate the record)."]
+
+
 def test_the_labs_readme_lists_every_driver_script_and_page():
   """benchmarks/README.md names every driver (a module with a main), every script and every
   results page, so a reader finds each from one place."""
