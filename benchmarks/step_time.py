@@ -123,7 +123,8 @@ def measure(name: str, size: str, method: str, devices: int, per_device: int,
 
 
 def format_table(rows: list[dict]) -> str:
-  """A Markdown table, one line per model and size, dense and SparDL side by side."""
+  """A Markdown table, one line per model and size, dense and SparDL side by side (steps in
+  seconds to 4 significant digits: a GPU's are a few milliseconds)."""
   lines = ["| model | size | params | batch | dense s/step | SparDL s/step | dense bytes/step "
            "| SparDL bytes/step | ratio |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
   keyed = {(r["model"], r["size"], r["method"]): r for r in rows}
@@ -137,7 +138,7 @@ def format_table(rows: list[dict]) -> str:
     ratio = (f"{d['bytes_per_step'] / s['bytes_per_step']:.0f}x"
              if "bytes_per_step" in d and "bytes_per_step" in s else "")
     lines.append(f"| {model} | {size} | {first['params']:,} | {first.get('batch', '')} | "
-                 f"{cell(d, 'step_s', '.3f')} | {cell(s, 'step_s', '.3f')} | "
+                 f"{cell(d, 'step_s', '.4g')} | {cell(s, 'step_s', '.4g')} | "
                  f"{cell(d, 'bytes_per_step', ',.0f')} | {cell(s, 'bytes_per_step', ',.0f')} "
                  f"| {ratio} |")
   return "\n".join(lines)

@@ -113,14 +113,14 @@ def test_the_delayed_runs_steps_re_render(target, monkeypatch):
 
 def _bench_raw():
   """Every raw output of ``spardl-bench --out`` under benchmarks/results that has its tables
-  beside it (``results.json`` and ``results.md``, ``selection.*``, ``emulated.*``)."""
+  beside it (``KIND.json`` and ``KIND.md``; the H200's files are named by their run)."""
   found = []
-  for kind in ("results", "selection", "emulated"):
-    for path in glob.glob(os.path.join(RESULTS, "**", f"{kind}.json"), recursive=True):
-      raw = json.loads(_read(path))
-      if ("max_memory_gb" in raw.get("args", {})
-              and os.path.isfile(path[:-len(".json")] + ".md")):
-        found.append(path)
+  for path in glob.glob(os.path.join(RESULTS, "**", "*.json"), recursive=True):
+    if not os.path.isfile(path[:-len(".json")] + ".md"):
+      continue
+    raw = json.loads(_read(path))
+    if isinstance(raw, dict) and "max_memory_gb" in raw.get("args", {}):
+      found.append(path)
   return sorted(found)
 
 
@@ -129,8 +129,8 @@ def _bench_raw():
 def test_a_bench_report_re_renders_from_its_rows(path):
   """The tables ``spardl-bench`` wrote beside its rows are the ones the rows render now."""
   from spardl_jax.tools import bench
-  kind = os.path.basename(path)[:-len(".json")]
-  assert bench.report(kind, json.loads(_read(path))["rows"]) in _read(path[:-5] + ".md")
+  raw = json.loads(_read(path))
+  assert bench.report(bench.kind_of(raw["args"]), raw["rows"]) in _read(path[:-5] + ".md")
 
 
 def _selection_gpu_tables():
@@ -152,6 +152,25 @@ def _selection_gpu_tables():
               per_rank.table(ranks), *stages.split("\n\n")]
   return ["\n".join(line for line in mine.splitlines() if line.startswith("|"))
           for mine in rendered], ranks
+
+
+def _step_time_raw():
+  """Every raw output of ``benchmarks.step_time`` (rows with ``step_s`` and ``params``) that
+  has its table beside it."""
+  found = []
+  for path in glob.glob(os.path.join(RESULTS, "**", "*.json"), recursive=True):
+    raw = json.loads(_read(path)) if os.path.isfile(path[:-len(".json")] + ".md") else None
+    rows = raw.get("rows") if isinstance(raw, dict) else None
+    if isinstance(rows, list) and rows and {"step_s", "params"} <= set(rows[0]):
+      found.append(path)
+  return sorted(found)
+
+
+@pytest.mark.parametrize("path", _step_time_raw(),
+                         ids=lambda p: os.path.relpath(p, RESULTS).replace(os.sep, "/"))
+def test_a_step_time_report_re_renders_from_its_rows(path):
+  from benchmarks import step_time
+  assert step_time.format_table(json.loads(_read(path))["rows"]) in _read(path[:-5] + ".md")
 
 
 def test_the_selection_pages_gpu_tables_are_its_raw_files():
@@ -188,7 +207,7 @@ RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence|sca
 # Tables a page still types by hand (issue 45: each is rendered from raw outputs or measured
 # again; the count only falls). Every other table is rendered by the command in the comment
 # above it, or is a copy of a report a driver wrote beside its raw files.
-TYPED = {"adam.md": 2, "cpu_profile.md": 6, "network.md": 1, "outer.md": 1, "scale.md": 3,
+TYPED = {"adam.md": 2, "cpu_profile.md": 6, "network.md": 1, "outer.md": 1, "scale.md": 1,
          "selection.md": 4, "sync_methods.md": 1, "training.md": 6}
 
 

@@ -150,6 +150,13 @@ def _parse_args(argv):
   return args
 
 
+def kind_of(args: dict) -> str:
+  """Which benchmark wrote a raw file, from its recorded arguments: ``"selection"``,
+  ``"emulated"`` or ``"results"`` (:func:`report`'s ``kind``)."""
+  return ("selection" if args.get("selection") else "emulated" if args.get("emulate")
+          else "results")
+
+
 def report(kind: str, rows: list[dict]) -> str:
   """The Markdown tables of one benchmark's rows (``kind``: ``"results"``, the side by side
   and the paper's Table 1 beside it; ``"emulated"``; ``"selection"``): what ``main`` prints
