@@ -79,6 +79,20 @@ def steps_table(by_p: dict[int, dict[str, dict]], fraction: float) -> list[dict]
   return rows
 
 
+def only(steps: list[dict], labels: list[str] | None) -> list[dict]:
+  """:func:`steps_table`'s rows of ``labels`` alone, in that order at each P (None: all); a
+  ValueError naming a label no run has, and the labels there are."""
+  if labels is None:
+    return steps
+  known = list(dict.fromkeys(r["label"] for r in steps))
+  missing = [label for label in labels if label not in known]
+  if missing:
+    raise ValueError(f"--variants: no runs of {', '.join(map(repr, missing))}; the runs have "
+                     f"{', '.join(known)}")
+  return sorted((r for r in steps if r["label"] in labels),
+                key=lambda r: (r["p"], labels.index(r["label"])))
+
+
 def against_p(steps: list[dict], *, fraction: float, title: str) -> str:
   """The Markdown of steps to the target against P, each variant's mean × dense's mean at
   that P, then its final metric and bytes per step (means over the seeds)."""
@@ -326,6 +340,9 @@ def main(argv=None) -> int:
                       help="fraction of dense's final test metric (default 0.98); without "
                            "--projection a comma list adds a table of each variant's steps "
                            "to each")
+  parser.add_argument("--variants", type=lambda text: text.split(","), default=None,
+                      help="without --projection: only these labels (a comma list, e.g. "
+                           "dense,spardl,topka), in this order; default: every run's")
   parser.add_argument("--title", default="")
   parser.add_argument("--alpha-scales", type=lambda text: [float(v) for v in text.split(",")],
                       default=[], help="also project with every link's latency per round "
@@ -336,7 +353,7 @@ def main(argv=None) -> int:
   if args.projection is None:
     try:
       by_p = load_runs(args.runs.split(","))
-      by_target = [steps_table(by_p, target) for target in args.target]
+      by_target = [only(steps_table(by_p, target), args.variants) for target in args.target]
     except ValueError as error:
       parser.error(str(error))
     print("\n".join(against_p(steps, fraction=target, title=args.title or args.runs)

@@ -165,3 +165,12 @@ def test_bad_flags(runs, tmp_path, capsys):
                 "--target", "1.5"])
   assert ("argument --target: must be a comma list of fractions in (0, 1], got '1.5'"
           in capsys.readouterr().err)
+
+
+def test_variants_keeps_those_labels_in_their_order_and_names_an_unknown_one():
+  rows = [{"p": p, "label": label} for p in (8, 16) for label in ("a", "dense", "b")]
+  assert [(r["p"], r["label"]) for r in scale.only(rows, ["b", "dense"])] == [
+      (8, "b"), (8, "dense"), (16, "b"), (16, "dense")]
+  assert scale.only(rows, None) is rows
+  with pytest.raises(ValueError, match=r"--variants: no runs of 'c'; the runs have a, dense, b"):
+    scale.only(rows, ["dense", "c"])
