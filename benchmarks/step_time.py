@@ -82,6 +82,9 @@ def synthetic_batch(model, spec, rows: int, seed: int = 0):
     x = rng.integers(3, model.vocab_size, (rows, *shape)).astype(np.int32)
   else:
     x = rng.standard_normal((rows, *shape)).astype(np.float32)
+  if not hasattr(model, "num_classes"):  # a vector regression (dotrelu: its teacher's width)
+    y = rng.standard_normal((rows, model.features)).astype(np.float32)
+    return x, y, np.ones(y.shape, np.float32), "regress"  # a weight per target, as the data's
   if model.num_classes == 1:
     return x, rng.random(rows).astype(np.float32), np.ones(rows, np.float32), "regress"
   y = rng.integers(0, model.num_classes, rows).astype(np.int32)
@@ -156,6 +159,10 @@ def main(argv=None) -> int:
   import models
   from models.registry import abstract_params
 
+  # Every model's batch is made before the first is timed: one it cannot feed fails now, not
+  # after the others' minutes of measurements.
+  for name in args.models:
+    synthetic_batch(models.create(name, args.sizes[0]), models.spec(name), 1)
   rows = []
   jobs = [(n, s, m) for n in args.models for s in args.sizes for m in args.methods]
   for name, size, method in tqdm(jobs, desc="configurations", unit="cfg", file=sys.stderr):

@@ -21,3 +21,20 @@ def test_step_time_reports_both_methods(tmp_path):
   # Over 2 MB of replicated state (4 devices x 8 copies): listed, not run.
   assert rows["bert", "tiny", "spardl"]["skipped"].startswith("needs ~")
   assert "| mlp | tiny | 1,210 |" in (tmp_path / "results.md").read_text()
+
+
+def test_every_model_gets_a_batch_of_its_task():
+  """A batch for each registered model, its targets shaped for its task: the regression
+  teacher's model (no classes) gets targets as wide as its output (the run of 2026-11-28
+  stopped there after 27 of 56 configurations)."""
+  import models
+  for name in models.MODELS:
+    model = models.create(name, "tiny")
+    x, y, w, task = step_time.synthetic_batch(model, models.spec(name), 3)
+    assert len(x) == len(y) == len(w) == 3, name
+    assert task in ("classify", "regress", "lm", "mlm"), (name, task)
+  x, y, w, task = step_time.synthetic_batch(models.create("dotrelu", "tiny"),
+                                            models.spec("dotrelu"), 3)
+  assert (task, x.shape, y.shape, w.shape) == ("regress", (3, 1024), (3, 64), (3, 64))
+  row = step_time.measure("dotrelu", "tiny", "spardl", devices=2, per_device=4, steps=1)
+  assert row["params"] == 77_824 and np.isfinite(row["loss"]) and row["bytes_per_step"] > 0
