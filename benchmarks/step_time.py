@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from benchmarks import runs
+
 DENSITY = 0.01  # for every sparse method whose spec does not say otherwise
 # float32 copies of the parameters each device holds during a step: params, gradient,
 # momentum, update, the residual and the sync's working vectors.
@@ -163,7 +165,9 @@ def main(argv=None) -> int:
   # after the others' minutes of measurements.
   for name in args.models:
     synthetic_batch(models.create(name, args.sizes[0]), models.spec(name), 1)
-  rows = []
+  meta = {"devices": args.devices, "platform": jax.devices()[0].platform,
+          **runs.provenance()}
+  rows: list[dict] = []
   jobs = [(n, s, m) for n in args.models for s in args.sizes for m in args.methods]
   for name, size, method in tqdm(jobs, desc="configurations", unit="cfg", file=sys.stderr):
     params = models.count(abstract_params(models.create(name, size), models.spec(name).example))
@@ -174,18 +178,26 @@ def main(argv=None) -> int:
       continue
     per_device = args.batch_per_device or (16 if size == "tiny" else 2)
     rows.append(measure(name, size, method, args.devices, per_device, args.steps))
+    if args.out:  # after each configuration: a run stopped later keeps what it measured
+      _write(args.out, meta, rows)
     jax.clear_caches()
     gc.collect()
-  table = format_table(rows)
-  print(table)
+  print(format_table(rows))
   if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-      json.dump({"devices": args.devices, "platform": jax.devices()[0].platform, "rows": rows},
-                f, indent=2)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-      f.write(table + "\n")
+    _write(args.out, meta, rows)
   return 0
+
+
+def _write(out: str, meta: dict, rows: list[dict]) -> None:
+  """``results.json`` (``meta`` and the rows so far) and ``results.md`` under ``out``, each
+  replaced whole (a run killed while writing leaves the previous pair)."""
+  os.makedirs(out, exist_ok=True)
+  for name, text in (("results.json", json.dumps({**meta, "rows": rows}, indent=2)),
+                     ("results.md", format_table(rows) + "\n")):
+    path = os.path.join(out, name)
+    with open(path + ".tmp", "w") as f:
+      f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ listed, not run."""
 import json
 
 import numpy as np
+import pytest
 
 from benchmarks import step_time
 
@@ -38,3 +39,24 @@ def test_every_model_gets_a_batch_of_its_task():
   assert (task, x.shape, y.shape, w.shape) == ("regress", (3, 1024), (3, 64), (3, 64))
   row = step_time.measure("dotrelu", "tiny", "spardl", devices=2, per_device=4, steps=1)
   assert row["params"] == 77_824 and np.isfinite(row["loss"]) and row["bytes_per_step"] > 0
+
+
+def test_a_run_stopped_midway_keeps_what_it_measured(tmp_path, monkeypatch):
+  """Each configuration's row is written as it ends (with where it was measured): a run that
+  fails at the second keeps the first, table and all."""
+  measured = []
+
+  def measure(name, size, method, *args):
+    if measured:
+      raise RuntimeError("stopped")
+    measured.append(method)
+    return {"model": name, "size": size, "method": method, "params": 1_210, "batch": 8,
+            "step_s": 0.5, "bytes_per_step": 100.0}
+
+  monkeypatch.setattr(step_time, "measure", measure)
+  with pytest.raises(RuntimeError, match="stopped"):
+    step_time.main(["--models", "mlp", "--sizes", "tiny", "--devices", "2", "--out",
+                    str(tmp_path)])
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert [r["method"] for r in saved["rows"]] == ["dense"] and "commit" in saved
+  assert "| mlp | tiny | 1,210 | 8 | 0.5 |" in (tmp_path / "results.md").read_text()
