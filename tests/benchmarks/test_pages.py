@@ -111,17 +111,18 @@ def test_the_delayed_runs_steps_re_render(target, monkeypatch):
   assert out.getvalue() == _read(os.path.join(runs, f"steps_{target[2:]}.md"))
 
 
+def _raw_with_table(holds) -> list[str]:
+  """Every ``*.json`` under benchmarks/results with its table beside it (the same name,
+  ``.md``) whose content ``holds`` accepts (``holds(raw)``, ``raw`` a dict)."""
+  return sorted(path for path in glob.glob(os.path.join(RESULTS, "**", "*.json"), recursive=True)
+                if os.path.isfile(path[:-len(".json")] + ".md")
+                and isinstance(raw := json.loads(_read(path)), dict) and holds(raw))
+
+
 def _bench_raw():
-  """Every raw output of ``spardl-bench --out`` under benchmarks/results that has its tables
-  beside it (``KIND.json`` and ``KIND.md``; the H200's files are named by their run)."""
-  found = []
-  for path in glob.glob(os.path.join(RESULTS, "**", "*.json"), recursive=True):
-    if not os.path.isfile(path[:-len(".json")] + ".md"):
-      continue
-    raw = json.loads(_read(path))
-    if isinstance(raw, dict) and "max_memory_gb" in raw.get("args", {}):
-      found.append(path)
-  return sorted(found)
+  """Every raw output of ``spardl-bench --out`` that has its tables beside it (``KIND.json``
+  and ``KIND.md``; the H200's files are named by their run)."""
+  return _raw_with_table(lambda raw: "max_memory_gb" in raw.get("args", {}))
 
 
 @pytest.mark.parametrize("path", _bench_raw(),
@@ -157,13 +158,10 @@ def _selection_gpu_tables():
 def _step_time_raw():
   """Every raw output of ``benchmarks.step_time`` (rows with ``step_s`` and ``params``) that
   has its table beside it."""
-  found = []
-  for path in glob.glob(os.path.join(RESULTS, "**", "*.json"), recursive=True):
-    raw = json.loads(_read(path)) if os.path.isfile(path[:-len(".json")] + ".md") else None
-    rows = raw.get("rows") if isinstance(raw, dict) else None
-    if isinstance(rows, list) and rows and {"step_s", "params"} <= set(rows[0]):
-      found.append(path)
-  return sorted(found)
+  def holds(raw):
+    rows = raw.get("rows")
+    return isinstance(rows, list) and bool(rows) and {"step_s", "params"} <= set(rows[0])
+  return _raw_with_table(holds)
 
 
 @pytest.mark.parametrize("path", _step_time_raw(),
