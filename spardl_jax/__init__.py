@@ -16,26 +16,26 @@ The command lines are console scripts (``spardl-bench``, ``spardl-launch``,
 ``.parallel.launch``, ``.core.schedule``).
 """
 
-from spardl_jax import checkpoint, collectives, options, states
+from spardl_jax import adam, checkpoint, collectives, options, points, states
 from spardl_jax.core import cost, schedule
 from spardl_jax.parallel import distributed, launch
 from spardl_jax.parallel.dispatch import bounded_dispatch
 from spardl_jax.sync import methods
-from spardl_jax.sync.density import DensityRule, density_rule
+from spardl_jax.sync.density import density_rule
 from spardl_jax.sync.levels import density_warmup
-from spardl_jax.sync.lookahead import lookahead, lookahead_params
-from spardl_jax.sync.adam import scale_by_frozen_adam, scale_by_synced_adam, synced_adamw
+from spardl_jax.sync.lookahead import lookahead
+from spardl_jax.sync.adam import synced_adamw
 from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
                                            opt_state_shardings, opt_state_specs,
                                            sync_state_filter)
-from spardl_jax.sync.outer import diloco, replica_params, sparseloco
+from spardl_jax.sync.outer import diloco, sparseloco
 from spardl_jax.sync.point import gradient_point
 from spardl_jax.sync.specs import use_param_specs
 from spardl_jax.sync.state import sync_stats
 from spardl_jax.sync.transform import powersgd, spardl, sync_gradients
 
 __all__ = (
-    "DensityRule",
+    "adam",
     "bounded_dispatch",
     "checkpoint",
     "collectives",
@@ -49,15 +49,12 @@ __all__ = (
     "init_opt_state",
     "launch",
     "lookahead",
-    "lookahead_params",
     "methods",
     "opt_state_shardings",
     "opt_state_specs",
     "options",
+    "points",
     "powersgd",
-    "replica_params",
-    "scale_by_frozen_adam",
-    "scale_by_synced_adam",
     "synced_adamw",
     "schedule",
     "spardl",

@@ -38,7 +38,11 @@ def _past_the_face(source: str) -> list[str]:
         elif a.name == "spardl_jax":
           aliases.add(a.asname or a.name)
     elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-      if node.module.startswith("spardl_jax.") and not _tool(node.module):
+      space = _namespace(node.module)
+      if space is not None:  # from a namespace sj exports: the names it exports
+        found += [f"line {node.lineno}: from {node.module} import {a.name}"
+                  for a in node.names if a.name not in space.__all__]
+      elif node.module.startswith("spardl_jax.") and not _tool(node.module):
         found.append(f"line {node.lineno}: from {node.module} import ...")
       elif node.module == "spardl_jax":
         found += [f"line {node.lineno}: from spardl_jax import {a.name}" for a in node.names
@@ -54,6 +58,13 @@ def _past_the_face(source: str) -> list[str]:
       if inspect.ismodule(space) and node.attr not in getattr(space, "__all__", ()):
         found.append(f"line {node.lineno}: {node.value.value.id}.{node.value.attr}.{node.attr}")
   return found
+
+
+def _namespace(module: str):
+  """The namespace ``sj`` exports as ``module`` (``spardl_jax.<name>``), or None."""
+  head, _, name = module.partition(".")
+  space = getattr(sj, name, None) if head == "spardl_jax" and "." not in name else None
+  return space if inspect.ismodule(space) and name in sj.__all__ else None
 
 
 def _tool(module: str) -> bool:
@@ -73,6 +84,28 @@ def test_the_face_check_sees_each_way_past():
   source = ("import spardl_jax as sj\nimport spardl_jax.core.topk\n"
             "from spardl_jax.sync import methods\nfrom spardl_jax import stages\n"
             "from spardl_jax.tools import traffic\nimport spardl_jax.tools.bench\n"
-            "sj.core\nsj.methods.protocol\nsj.methods.make\nsj.spardl\n")
-  assert [f.split(":")[0] for f in _past_the_face(source)] == [
-      "line 2", "line 3", "line 4", "line 7", "line 8"]
+            "sj.core\nsj.methods.protocol\nsj.methods.make\nsj.spardl\n"
+            "from spardl_jax.states import layout, protocol\n")
+  assert sorted((f.split(":")[0] for f in _past_the_face(source)),
+                key=lambda line: int(line.split()[1])) == [
+      "line 2", "line 3", "line 4", "line 7", "line 8", "line 11"]
+
+
+def _doc_blocks():
+  import re
+  import textwrap
+  for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), re.S)):
+      yield f"{path.name} block {i}", textwrap.dedent(block)
+
+
+def test_every_doc_program_and_flax_user_program_uses_only_the_public_face():
+  """What the README and the guides show, and the Flax user's programs, a user can write
+  with the public names alone."""
+  sources = dict(_doc_blocks())
+  sources.update({str(path.relative_to(ROOT)): path.read_text()
+                  for path in sorted((ROOT / "tests" / "flax_user").glob("*.py"))})
+  assert len(sources) > 10
+  past = {where: found for where, source in sources.items()
+          if (found := _past_the_face(source))}
+  assert not past, past

@@ -147,8 +147,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   * with momentum correction the momentum lives before the sync, so SGD after it has none
     and AdamW's ``b1`` is 0;
   * ``freeze`` (AdamW): the second moment stops after that many steps
-    (:func:`spardl_jax.scale_by_frozen_adam`), decoupled weight decay as AdamW's.
-  * ``synced`` (AdamW): Adam around the sync (:func:`spardl_jax.scale_by_synced_adam`):
+    (:func:`spardl_jax.adam.scale_by_frozen_adam`), decoupled weight decay as AdamW's.
+  * ``synced`` (AdamW): Adam around the sync (:func:`spardl_jax.adam.scale_by_synced_adam`):
     ``momentum``, the sync averages Adam's first moment (1-bit Adam's compression stage);
     ``preconditioned``, the gradient divided by Adam's frozen ``sqrt(v) + eps``
     (:func:`spardl_jax.synced_adamw`). The second moment trains on the dense warm-up's mean
@@ -185,7 +185,7 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   if cfg.optimizer == "sgd":
     opt = optax.sgd(lr, momentum=momentum or None)
   elif cfg.optimizer == "adamw" and tuning.freeze:
-    opt = optax.chain(sj.scale_by_frozen_adam(freeze_step=tuning.freeze, b1=momentum,
+    opt = optax.chain(sj.adam.scale_by_frozen_adam(freeze_step=tuning.freeze, b1=momentum,
                                               b2=cfg.adam_b2),
                       optax.add_decayed_weights(cfg.weight_decay, decay_mask),
                       optax.scale_by_learning_rate(lr))

@@ -18,6 +18,7 @@ what is compressed is the momentum, not the gradient.
 
 from __future__ import annotations
 
+
 import typing
 from typing import Any, Literal, NamedTuple
 
@@ -99,7 +100,8 @@ def scale_by_frozen_adam(*, freeze_step: int, b1: float = 0.9, b2: float = 0.999
     Tang et al., "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
     Convergence Speed", ICML 2021 (warm-up, then a frozen variance).
   """
-  freeze_step, b1, b2, eps = _check("scale_by_frozen_adam", freeze_step, b1, b2, eps)
+  freeze_step, rates = _check("scale_by_frozen_adam", freeze_step, b1, b2, eps)
+  b1, b2 = rates.b1, rates.b2
 
   def init_fn(params):
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
@@ -115,20 +117,28 @@ def scale_by_frozen_adam(*, freeze_step: int, b1: float = 0.9, b2: float = 0.999
     mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
     nu = jax.tree.map(lambda v, g: jnp.where(training, b2 * v + (1 - b2) * g * g, v),
                       state.nu, updates)
-    return _scaled(mu, nu, count, nu_count, b1, b2, eps), ScaleByFrozenAdamState(
+    return _scaled(rates, mu, nu, count, nu_count), ScaleByFrozenAdamState(
         count, mu, nu, nu_count)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _check(who, freeze_step, b1, b2, eps):
+class _Rates(NamedTuple):
+  """Adam's checked decay rates and ``eps``."""
+
+  b1: float
+  b2: float
+  eps: float
+
+
+def _check(who, freeze_step, b1, b2, eps) -> tuple[int, _Rates]:
   freeze_step = check_number(who, "freeze_step", freeze_step, "an int >= 1", integral=True,
                              accept=lambda s: s >= 1)
   b1, b2 = (check_number(who, name, value, "in [0, 1)", accept=lambda b: 0 <= b < 1)
             for name, value in (("b1", b1), ("b2", b2)))
   eps = check_number(who, "eps", eps, "a finite number > 0",
                      accept=lambda e: 0 < e < float("inf"))
-  return freeze_step, b1, b2, eps
+  return freeze_step, _Rates(b1, b2, eps)
 
 
 def _preconditioner(nu, nu_count, b2, eps, *, identity=False):
@@ -144,11 +154,11 @@ def _preconditioner(nu, nu_count, b2, eps, *, identity=False):
   return jax.tree.map(divisor, nu, nu_count)
 
 
-def _scaled(mu, nu, count, nu_count, b1, b2, eps):
+def _scaled(rates: _Rates, mu, nu, count, nu_count):
   """Adam's bias-corrected ``m / (sqrt(v_hat) + eps)``."""
-  mu_scale = 1 / (1 - b1 ** count.astype(jnp.float32))
+  mu_scale = 1 / (1 - rates.b1 ** count.astype(jnp.float32))
   return jax.tree.map(lambda m, d: (m * mu_scale) / d, mu,
-                      _preconditioner(nu, nu_count, b2, eps))
+                      _preconditioner(nu, nu_count, rates.b2, rates.eps))
 
 
 @protocol.layout(count=_ONCE, mu=_LIKE, nu=_LIKE, nu_count=_LIKE, sent_at=_LIKE)
@@ -220,7 +230,7 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     >>> import jax, jax.numpy as jnp, optax, spardl_jax as sj
     >>> mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])
     >>> tx = optax.chain(
-    ...     sj.scale_by_synced_adam(sj.spardl(density=0.01, warmup_steps=100),
+    ...     sj.adam.scale_by_synced_adam(sj.spardl(density=0.01, warmup_steps=100),
     ...                             freeze_step=100),
     ...     optax.add_decayed_weights(0.01), optax.scale_by_learning_rate(1e-3))
     >>> state = sj.init_opt_state(tx, {"w": jnp.zeros((100, 10))}, mesh)
@@ -250,8 +260,9 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     Convergence Speed", ICML 2021 (Algorithm 1: the momentum compressed with error
     feedback after a warm-up that freezes the variance).
   """
-  freeze_step, b1, b2, eps = _check("scale_by_synced_adam", freeze_step, b1, b2, eps)
-  delayed = _check_sync(sync, freeze_step, sends, second_moment)
+  freeze_step, rates = _check("scale_by_synced_adam", freeze_step, b1, b2, eps)
+  b2 = rates.b2
+  path = "delayed" if _check_sync(sync, freeze_step, sends, second_moment) else sends
   sync = optax.with_extra_args_support(sync)
 
   def init_fn(params):
@@ -270,8 +281,8 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     count = state.count + 1
     warm = count <= freeze_step
     synced, sync_state, mean, new_mu = _through_sync(
-        sync, updates, state, params, extra_args, delayed=delayed, sends=sends, warm=warm,
-        b1=b1, b2=b2, eps=eps)
+        lambda x, **held: sync.update(x, state.sync, params, **extra_args, **held),
+        updates, state, _Step(path, rates, warm))
     # Every device holds the same count of skipped syncs: all decide alike.
     skipped = jnp.any(sync_state.stats.nonfinite != state.sync.stats.nonfinite)
     sent = jax.tree.map(
@@ -286,9 +297,9 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     sent_at = jax.tree.map(lambda at, hit: jnp.where(hit, count, at), state.sent_at, sent)
     mu = jax.tree.map(lambda new, old: jnp.where(skipped, old, new), new_mu, state.mu)
     out = jax.tree.map(lambda u: jnp.where(skipped, jnp.zeros_like(u), u),
-                       _scaled(mu, nu, count, nu_count, b1, b2, eps))
+                       _scaled(rates, mu, nu, count, nu_count))
     new = ScaleBySyncedAdamState(count, mu, nu, nu_count, sync_state, sent_at)
-    if delayed:  # a delayed sync's first step delivers nothing: no Adam step either
+    if path == "delayed":  # a delayed sync's first step delivers nothing: no Adam step
       idle = jnp.all(sync_state.count == state.sync.count)
       out = jax.tree.map(lambda u: jnp.where(idle, jnp.zeros_like(u), u), out)
       new = jax.tree.map(lambda a, b: jnp.where(idle, b, a), new._replace(sync=state.sync),
@@ -326,30 +337,46 @@ def _check_sync(sync, freeze_step: int, sends, second_moment) -> int:
   return delayed
 
 
-def _through_sync(sync, updates, state, params, extra_args, *, delayed: int, sends, warm,
-                  b1, b2, eps):
-  """The sync's part of a :func:`scale_by_synced_adam` step: ``(what it delivered, its new
-  state, the mean gradient, the new first moment)``."""
-  if delayed or sends == "momentum":
-    if delayed:
-      # The message held for the next step is this step's momentum m_i = b1 m + (1 - b1) g_i
-      # with m this step's result, so that one momentum runs through the delayed syncs.
-      synced, sync_state = sync.update(updates, state.sync, params, **extra_args,
-                                       next_message=lambda m, g: b1 * m + (1 - b1) * g)
-    else:
-      local = jax.tree.map(lambda m, g: (b1 * m + (1 - b1) * g).astype(m.dtype), state.mu,
-                           updates)
-      synced, sync_state = sync.update(local, state.sync, params, **extra_args)
+class _Step(NamedTuple):
+  """How one :func:`scale_by_synced_adam` step goes through its sync: the ``path``
+  (``"delayed"``, the delayed sync's momentum, or ``sends``), Adam's ``rates``, and whether
+  the step is in the ``warm``-up."""
+
+  path: str
+  rates: _Rates
+  warm: jax.Array
+
+
+class _Synced(NamedTuple):
+  """What the sync's part of a step hands on: what it ``delivered``, its new ``state``, the
+  ``mean`` gradient, and the new first moment ``mu``."""
+
+  delivered: Any
+  state: Any
+  mean: Any
+  mu: Any
+
+
+def _through_sync(send, updates, state, step: _Step) -> _Synced:
+  """The sync's part of a :func:`scale_by_synced_adam` step; ``send(x, **extra)`` runs the
+  sync's update on ``x`` from its state in ``state``."""
+  b1, b2, eps = step.rates
+  if step.path == "delayed":
+    # The message held for the next step is this step's momentum m_i = b1 m + (1 - b1) g_i
+    # with m this step's result, so that one momentum runs through the delayed syncs.
+    synced, sync_state = send(updates, next_message=lambda m, g: b1 * m + (1 - b1) * g)
+  elif step.path == "momentum":
+    synced, sync_state = send(jax.tree.map(
+        lambda m, g: (b1 * m + (1 - b1) * g).astype(m.dtype), state.mu, updates))
+  if step.path != "preconditioned":
     mean = jax.tree.map(lambda new, old: (new - b1 * old) / (1 - b1), synced, state.mu)
-    return synced, sync_state, mean, synced
+    return _Synced(synced, sync_state, mean, synced)
   # D = 1 in the warm-up (the sync is dense: its result is the mean gradient itself).
-  scale = _preconditioner(state.nu, state.nu_count, b2, eps, identity=warm)
-  synced, sync_state = sync.update(
-      jax.tree.map(lambda g, d: (g / d).astype(g.dtype), updates, scale), state.sync,
-      params, **extra_args)
+  scale = _preconditioner(state.nu, state.nu_count, b2, eps, identity=step.warm)
+  synced, sync_state = send(jax.tree.map(lambda g, d: (g / d).astype(g.dtype), updates, scale))
   mean = jax.tree.map(lambda u, d: u * d, synced, scale)
-  return synced, sync_state, mean, jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g,
-                                                state.mu, mean)
+  return _Synced(synced, sync_state, mean, jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g,
+                                                        state.mu, mean))
 
 
 def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,

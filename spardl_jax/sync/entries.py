@@ -16,7 +16,7 @@ from spardl_jax.sync.guards import check_batch_axes, refuse_apply_if_finite
 from spardl_jax.sync.placement import device_spec
 from spardl_jax.sync.specs import (check_leaf_specs, context_specs, leaf_specs, restrict,
                                    specs_shown)
-from spardl_jax.sync.stages import init_local, update_local
+from spardl_jax.sync.stages import LeafSpecs, init_local, update_local
 from spardl_jax.sync.sync_options import SyncOptions
 from spardl_jax.sync.state import SyncState
 
@@ -54,11 +54,11 @@ def init(options: SyncOptions, params) -> SyncState:
       and options.axis_name in mesh.axis_names):
     axes = tuple(mesh.axis_names)  # outside shard_map, under a mesh: each device its rows
   if not axes:
-    return init_local(options, params, given=given)
+    return init_local(options, params, LeafSpecs(params=given))
   rows = (device_spec(axes, options.axis_name) if options.axis_name in axes
           else PartitionSpec(axes))
   specs, over = _local_specs(options, params, axes, "init", given)
-  return jax.shard_map(functools.partial(init_local, options, specs=specs, given=given),
+  return jax.shard_map(functools.partial(init_local, options, where=LeafSpecs(specs, given)),
                        in_specs=(over,), out_specs=rows, axis_names=set(axes),
                        check_vma=False)(params)
 
@@ -73,10 +73,10 @@ def update(options: SyncOptions, updates, state, param_specs=None, batch_axes=No
                               "passes the arrays' layout there)", "sync_gradients: update")
   axes = free_axes(options.axis_name)
   if not axes:
-    return update_local(options, updates, state, given=given, next_message=next_message)
+    return update_local(options, updates, state, LeafSpecs(params=given), next_message)
   specs, over = _local_specs(options, updates, axes, "update", given)
   rows = jax.tree.map(lambda _: PartitionSpec(axes), state)
-  return jax.shard_map(functools.partial(update_local, options, specs=specs, given=given,
+  return jax.shard_map(functools.partial(update_local, options, where=LeafSpecs(specs, given),
                                          next_message=next_message),
                        in_specs=(over, rows), out_specs=(over, rows), axis_names=set(axes),
                        check_vma=False)(updates, state)

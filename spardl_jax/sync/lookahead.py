@@ -60,7 +60,7 @@ def lookahead(sync: optax.GradientTransformation, *after: optax.GradientTransfor
     >>> params = {"w": jnp.zeros(8)}
     >>> specs = sj.opt_state_specs(tx, params, mesh)
     >>> def step(params, opt_state, target):
-    ...   point = sj.lookahead_params(tx, opt_state, params)
+    ...   point = sj.points.lookahead_params(tx, opt_state, params)
     ...   loss = lambda p: jnp.sum((p["w"] - target[0]) ** 2)
     ...   grads = jax.grad(loss)(jax.lax.pcast(point, "data", to="varying"))
     ...   updates, opt_state = tx.update(grads, opt_state, params)

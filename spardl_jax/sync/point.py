@@ -28,8 +28,8 @@ def moves_the_point(order: int) -> Callable[[Move], Move]:
 def gradient_point(tx, opt_state, params):
   """The point this device takes its gradient at, inside the data-parallel ``shard_map``:
   ``params`` moved by every registered move in order — an outer loop's replica
-  (:func:`~spardl_jax.replica_params`), then a look-ahead from there
-  (:func:`~spardl_jax.lookahead_params`); ``params`` itself for a plain ``tx``.
+  (:func:`~spardl_jax.points.replica_params`), then a look-ahead from there
+  (:func:`~spardl_jax.points.lookahead_params`); ``params`` itself for a plain ``tx``.
 
   ``tx`` is the transformation as built (not one wrapped since, e.g. by
   ``optax.with_extra_args_support``), ``opt_state`` its state.

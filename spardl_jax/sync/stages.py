@@ -43,7 +43,20 @@ __all__ = ['init_local', 'update_local', 'check_state',
            'level_starts', 'level_index', 'Leaves', 'split_leaves', 'merge_float_leaves',
            'with_float_leaves',
            'UNORDERED_COLLECTIVES',
-           'waits_for_gradient', 'message_size', 'unpack', 'hold', 'LevelRun', 'Agreed']
+           'waits_for_gradient', 'message_size', 'unpack', 'hold', 'LeafSpecs', 'Local',
+           'LevelRun', 'Agreed']
+
+
+class LeafSpecs(NamedTuple):
+  """Where a tree's leaves lie on the mesh, as the caller knows it: ``leaves``, every leaf's
+  spec over the whole mesh (a list), or None where the caller has none; then ``params``,
+  the parameters' specs a door passed, are read."""
+
+  leaves: list | None = None
+  params: Any = None
+
+
+NO_SPECS = LeafSpecs()  # the caller knows none: the parameters are replicated off the data axes
 
 
 class Trace(NamedTuple):
@@ -56,6 +69,26 @@ class Trace(NamedTuple):
   dtype: Any
   levels: tuple[levels.Level, ...]
   p: int
+
+
+class Local(NamedTuple):
+  """What stage 2 (:func:`local_gradient`) hands on: ``x``, what the method all-reduces;
+  ``dense``, the leaves kept dense, and ``means``, their one ``pmean`` once taken; DGC's new
+  ``velocity`` (None without momentum correction)."""
+
+  x: jax.Array
+  dense: list
+  velocity: Any
+  means: tuple = ()
+
+
+class LevelIn(NamedTuple):
+  """What each level's branch of stage 3 takes (``lax.switch``'s one operand): the vector
+  ``x``, the method's ``local`` state, and the index of the ``level``."""
+
+  x: jax.Array
+  local: Any
+  level: jax.Array
 
 
 class LevelRun(NamedTuple):
@@ -123,14 +156,14 @@ class Leaves(NamedTuple):
   layout: FlatLayout
 
 
-def split_leaves(options: SyncOptions, tree, specs=None, given=None) -> Leaves:
+def split_leaves(options: SyncOptions, tree, where: LeafSpecs = NO_SPECS) -> Leaves:
   """``tree``'s float leaves split between the method and ``dense_leaves``, with the
-  method's flat layout (:func:`flat_layout`; ``specs`` and ``given`` as there)."""
+  method's flat layout (:func:`_layout`)."""
   floats, dtype = _float_leaves(tree)
   dense = _dense_mask(options, floats)
   return Leaves(floats, dtype, dense, _method_leaves(floats, dense),
                 [x for x, d in zip(floats, dense) if d],
-                flat_layout(options, tree, floats, specs, given, dense))
+                _layout(options, tree, floats, dense, where))
 
 
 def _devices(options: SyncOptions) -> tuple[int, int]:
@@ -157,22 +190,22 @@ def _devices(options: SyncOptions) -> tuple[int, int]:
       f"call init inside jax.shard_map, run under jax.set_mesh(mesh), or pass axis_size=P.")
 
 
-def flat_layout(options: SyncOptions, tree, floats, specs, given, dense) -> FlatLayout:
+def _layout(options: SyncOptions, tree, floats, dense, where: LeafSpecs) -> FlatLayout:
   """How this device's float leaves of ``tree`` (but those ``dense`` marks) make its flat
-  vector. ``specs``: every leaf's spec over the whole mesh, or None where the caller has
-  none (then ``given``, the parameters' specs from a door, are read)."""
+  vector, the leaves lying on the mesh as ``where`` says."""
   others = columns(options.data_axes)
   float_specs = None
+  specs = where.leaves
   if others:
     if specs is None:
-      if given is None:
+      if where.params is None:
         raise ValueError(
             f"sync_gradients: the sync runs inside a shard_map over the mesh axes "
             f"{tuple(others)} besides {options.axis_name!r}, where each device holds only "
             f"its shards and the sync cannot see which parameters are replicated over those "
             f"axes; pass param_specs=<the parameters' PartitionSpecs> (the in_specs of your "
             f"shard_map) to the transformation.")
-      specs = leaf_specs(tree, given)
+      specs = leaf_specs(tree, where.params)
     float_specs = [spec for x, spec in zip(jax.tree.leaves(tree), specs)
                    if jnp.issubdtype(x.dtype, jnp.floating)]
     float_specs = _method_leaves(float_specs, dense)
@@ -210,10 +243,10 @@ def fresh_state(options: SyncOptions, bound, n: int, dtype, p: int):
   return bound[-1].allreduce.init(n=n, dtype=dtype, p=p)
 
 
-def init_local(options: SyncOptions, params, specs=None, given=None) -> SyncState:
+def init_local(options: SyncOptions, params, where: LeafSpecs = NO_SPECS) -> SyncState:
   """The state on this device (or, outside ``shard_map``, every device's rows at once)."""
   lead, p = _devices(options)  # first: the layout needs the axes it names
-  split = split_leaves(options, params, specs, given)
+  split = split_leaves(options, params, where)
   dtype, n = split.dtype, split.layout.n
   bound = levels.bind(list(options.levels), [x.shape for x in split.method], p)
 
@@ -275,10 +308,9 @@ def check_state(options: SyncOptions, state, trace: Trace):
   return local
 
 
-def local_gradient(options: SyncOptions, flat, dense: list, old_velocity, p: int):
+def local_gradient(options: SyncOptions, flat, dense: list, old_velocity, p: int) -> Local:
   """Stage 2: DGC's local clipping (of the flat vector and the ``dense`` leaves together),
-  then its momentum correction (the velocity is what travels): ``(what the all-reduce sums,
-  the dense leaves, the new velocity or None)``."""
+  then its momentum correction (the velocity is what travels)."""
   if options.clip_norm is not None:
     norm = jnp.sqrt(sum((jnp.sum(jnp.square(v.astype(jnp.float32))) for v in [flat, *dense]),
                         jnp.zeros((), jnp.float32)))
@@ -287,16 +319,18 @@ def local_gradient(options: SyncOptions, flat, dense: list, old_velocity, p: int
     flat = (flat * scale).astype(flat.dtype)
     dense = [(v * scale).astype(v.dtype) for v in dense]
   if options.momentum is None:
-    return flat, dense, None
+    return Local(flat, dense, None)
   velocity = (options.momentum * old_velocity[0] + flat).astype(flat.dtype)
-  return velocity, dense, velocity
+  return Local(velocity, dense, velocity)
 
 
-def _run_one(level: levels.Level, x, local, index, *, n: int, p: int, itemsize: int,
-             axis_name, decay: float | None) -> LevelRun:
-  """One level's sync of ``x`` (the level ``index``). ``decay`` scales the residual first
-  (SparseLoCo's ``e <- beta e + delta``); the state a skipped step restores is the one
-  before it."""
+def _run_one(options: SyncOptions, trace: Trace, level: levels.Level, given: LevelIn
+             ) -> LevelRun:
+  """One level's sync. ``residual_decay`` scales the residual first (SparseLoCo's
+  ``e <- beta e + delta``); the state a skipped step restores is the one before it."""
+  x, local, index = given
+  axis_name, decay = options.axis_name, options.residual_decay
+  n, p, itemsize = trace.layout.n, trace.p, np.dtype(trace.dtype).itemsize
   before = local
   owed = protocol.residual(local)
   if decay is not None and owed is not None:  # init refused a decay without a residual
@@ -328,11 +362,9 @@ def level_index(starts: np.ndarray, count) -> jax.Array:
 
 def run_level(options: SyncOptions, trace: Trace, x, local, count) -> LevelRun:
   """Stage 3: the level of sync ``count`` runs (``lax.switch`` among compiled levels)."""
-  run = functools.partial(_run_one, n=trace.layout.n, p=trace.p,
-                          itemsize=np.dtype(trace.dtype).itemsize, axis_name=options.axis_name,
-                          decay=options.residual_decay)
+  run = functools.partial(_run_one, options, trace)
   if len(trace.levels) == 1:
-    return run(trace.levels[0], x, local, jnp.zeros((), jnp.int32))
+    return run(trace.levels[0], LevelIn(x, local, jnp.zeros((), jnp.int32)))
   starts = level_starts(trace.levels)
   index = level_index(starts, count)
   # Entering a sparse level restarts the method's other state for its size; the residual
@@ -344,14 +376,15 @@ def run_level(options: SyncOptions, trace: Trace, x, local, count) -> LevelRun:
     fresh = fresh._replace(residual=owed)
   local = jax.tree.map(lambda a, b: jnp.where(entering, a, b), fresh, local)
   return jax.lax.switch(index, [functools.partial(run, level) for level in trace.levels],
-                        x, local, index)
+                        LevelIn(x, local, index))
 
 
-def agree_on_nonfinite(options: SyncOptions, trace: Trace, x, run: LevelRun, means: list,
-                       velocity, old_velocity) -> Agreed:
+def agree_on_nonfinite(options: SyncOptions, trace: Trace, local: Local, run: LevelRun,
+                       old_velocity) -> Agreed:
   """Stage 4: DGC's momentum factor masking, then the non-finite guard every device
-  agrees on (the dense leaves' ``means`` included); ``old_velocity`` is what a skipped
-  step keeps."""
+  agrees on (the dense leaves' means included); ``old_velocity`` is what a skipped step
+  keeps."""
+  x, velocity, means = local.x, local.velocity, list(local.means)
   y, new_local = run.y, run.state
   bad = nonfinite_policy.any_device(options.reaches_result, x, run.before, y,
                                     options.axis_name)
@@ -396,37 +429,40 @@ def next_stats(trace: Trace, agreed: Agreed, old: SyncStats) -> SyncStats:
       density=density[None])
 
 
-def update_local(options: SyncOptions, updates, state, specs=None, given=None,
+def update_local(options: SyncOptions, updates, state, where: LeafSpecs = NO_SPECS,
                  next_message=None):
   """Every stage on this device's local gradients: ``(the synced gradients, new state)``.
   With ``delay`` the stages run on the message the last step left, and this step's
   gradient (or ``next_message`` of it) is left for the next (:func:`hold`)."""
   p = axis_size(options.axis_name, who="sync_gradients: update")
   leaves, treedef = jax.tree.flatten(updates)
-  floats, dtype, dense, sparse, kept, layout = split_leaves(options, updates, specs, given)
-  trace = Trace(_shapes(floats), layout, dtype,
-                tuple(levels.bind(list(options.levels), [x.shape for x in sparse], p)), p)
+  split = split_leaves(options, updates, where)
+  layout, kept = split.layout, split.kept
+  trace = Trace(_shapes(split.floats), layout, split.dtype,
+                tuple(levels.bind(list(options.levels), [x.shape for x in split.method], p)),
+                p)
   local = check_state(options, state, trace)
   if options.delay:
     message = state.pending.message[0]
     if waits_for_gradient():
-      message = _after(message, floats)
+      message = _after(message, split.floats)
     x, kept = unpack(message, layout.n, kept)
   else:
-    x = layout.flatten(sparse, dtype)
-  x, kept, velocity = local_gradient(options, x, kept, state.velocity, trace.p)
-  run = run_level(options, trace, x, local, state.count[0])
-  # The dense leaves: one pmean of their concatenation (one all-reduce).
-  means = [jax.lax.pmean(flat_vector.concat(kept, dtype), options.data_axes)] if kept else []
-  agreed = agree_on_nonfinite(options, trace, x, run, means, velocity, state.velocity)
+    x = layout.flatten(split.method, split.dtype)
+  prepared = local_gradient(options, x, kept, state.velocity, trace.p)
+  run = run_level(options, trace, prepared.x, local, state.count[0])
+  if prepared.dense:  # the dense leaves: one pmean of their concatenation (one all-reduce)
+    prepared = prepared._replace(means=(jax.lax.pmean(
+        flat_vector.concat(prepared.dense, split.dtype), options.data_axes),))
+  agreed = agree_on_nonfinite(options, trace, prepared, run, state.velocity)
   new_state = SyncState(jax.tree.map(lambda a: a[None], agreed.run.state),
                         None if agreed.velocity is None else agreed.velocity[None],
                         state.count + 1, next_stats(trace, agreed, state.stats),
                         state.leaves, state.pending)
-  synced = merge_float_leaves(dense, layout.unflatten(agreed.run.y, sparse),
+  synced = merge_float_leaves(split.dense, layout.unflatten(agreed.run.y, split.method),
                               flat_vector.split(agreed.means[0], kept) if agreed.means else [])
   if options.delay:
-    synced, new_state = hold(layout, floats, dense, synced, state, new_state, next_message)
+    synced, new_state = hold(split, synced, state, new_state, next_message)
   elif next_message is not None:
     raise ValueError("sync_gradients: update got next_message, which only a delayed sync "
                      "takes (delay=1).")
@@ -491,14 +527,15 @@ def unpack(message, n: int, kept: list):
   return message[:n], flat_vector.split(message[n:], kept)
 
 
-def hold(layout: FlatLayout, floats, dense, synced, state, new_state, next_message):
+def hold(split: Leaves, synced, state, new_state, next_message):
   """A delayed sync's last stage: ``(what this step delivers, the new state)``.
 
   Before any message was held (the first step) nothing is delivered and the sync's state
   stays as it was, so the delayed syncs are the undelayed ones one step later, state
   included. This step's message, flattened as the sync flattens a gradient, waits in
   :class:`Pending`: the gradient itself, or ``next_message(synced, gradient)`` leaf by leaf
-  (what :func:`spardl_jax.scale_by_synced_adam` sends is formed from this step's result)."""
+  (what :func:`spardl_jax.adam.scale_by_synced_adam` sends is formed from this step's result)."""
+  floats, dense = split.floats, split.dense
   held = state.pending.held[0]
   synced = [jnp.where(held, s, jnp.zeros_like(s)) for s in synced]
   new_state = jax.tree.map(lambda new, old: jnp.where(held, new, old), new_state, state)
@@ -506,7 +543,7 @@ def hold(layout: FlatLayout, floats, dense, synced, state, new_state, next_messa
       next_message(s, g).astype(g.dtype) for s, g in zip(synced, floats)]
   dtype = state.pending.message.dtype
   kept = [m for m, d in zip(message, dense) if d]
-  vec = layout.flatten(_method_leaves(message, dense), dtype)
+  vec = split.layout.flatten(_method_leaves(message, dense), dtype)
   if kept:
     vec = jnp.concatenate([vec, flat_vector.concat(kept, dtype)])
   return synced, new_state._replace(pending=Pending(vec[None], jnp.ones((1,), bool)))

@@ -169,7 +169,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     :func:`spardl_jax.data_parallel_step` passes; a sync that reduces over other axes is
     refused) and, with ``delay=1``, ``next_message``: a function ``(synced, gradient) ->
     message`` applied leaf by leaf to form the message held for the next step from this
-    step's result (how :func:`spardl_jax.scale_by_synced_adam` keeps one momentum).
+    step's result (how :func:`spardl_jax.adam.scale_by_synced_adam` keeps one momentum).
 
   References:
     Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for

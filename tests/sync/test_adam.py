@@ -26,7 +26,7 @@ def numpy_adam(grads, *, freeze_step, b1, b2, eps):
 def test_matches_numpy_and_equals_adam_before_the_freeze(b1):
   rng = np.random.default_rng(0)
   grads = [rng.standard_normal(7).astype(np.float32) * (1 + 10 * (t % 3 == 0)) for t in range(8)]
-  tx = sj.scale_by_frozen_adam(freeze_step=3, b1=b1, b2=0.99, eps=1e-8)
+  tx = sj.adam.scale_by_frozen_adam(freeze_step=3, b1=b1, b2=0.99, eps=1e-8)
   adam = optax.scale_by_adam(b1=b1, b2=0.99, eps=1e-8)
   state, adam_state = tx.init(jnp.zeros(7)), adam.init(jnp.zeros(7))
   for t, (g, want) in enumerate(zip(grads, numpy_adam(grads, freeze_step=3, b1=b1, b2=0.99,
@@ -41,9 +41,9 @@ def test_matches_numpy_and_equals_adam_before_the_freeze(b1):
 
 def test_bad_options_are_named():
   with pytest.raises(ValueError, match="freeze_step must be an int >= 1"):
-    sj.scale_by_frozen_adam(freeze_step=0)
+    sj.adam.scale_by_frozen_adam(freeze_step=0)
   with pytest.raises(ValueError, match="b2 must be in"):
-    sj.scale_by_frozen_adam(freeze_step=5, b2=1.0)
+    sj.adam.scale_by_frozen_adam(freeze_step=5, b2=1.0)
 
 
 def test_a_skipped_step_does_not_train_the_second_moment():
@@ -52,7 +52,7 @@ def test_a_skipped_step_does_not_train_the_second_moment():
   update after the freeze) is the one of the warm-up without it. mu decays as Adam's does."""
   rng = np.random.default_rng(1)
   grads = [jnp.asarray(rng.standard_normal(7), jnp.float32) for _ in range(6)]
-  tx = sj.scale_by_frozen_adam(freeze_step=4, b1=0.0, b2=0.99)
+  tx = sj.adam.scale_by_frozen_adam(freeze_step=4, b1=0.0, b2=0.99)
   clean, skipped = tx.init(jnp.zeros(7)), tx.init(jnp.zeros(7))
   for g in grads[:3]:
     _, clean = tx.update(g, clean)
@@ -128,7 +128,7 @@ def test_synced_adam_matches_its_numpy_model():
   p, n, b1, b2, eps = 4, 50, 0.9, 0.99, 1e-8
   rng = np.random.default_rng(3)
   grads = [harness.gradients(rng, p, n) for _ in range(5)]
-  tx = sj.scale_by_synced_adam(sj.spardl(density=0.3, wire="exact", warmup_steps=2),
+  tx = sj.adam.scale_by_synced_adam(sj.spardl(density=0.3, wire="exact", warmup_steps=2),
                                freeze_step=2, b1=b1, b2=b2, eps=eps)
   params = {"w": jnp.zeros((n,))}
   state = sj.init_opt_state(tx, params, harness.mesh(p))
@@ -173,10 +173,10 @@ def test_preconditioned_sync_matches_its_numpy_model_and_is_frozen_adam_when_den
   rng = np.random.default_rng(5)
   grads = [harness.gradients(rng, p, n) for _ in range(5)]
   params = {"w": jnp.zeros((n,))}
-  frozen = sj.scale_by_frozen_adam(freeze_step=2, b1=b1, b2=b2, eps=eps)
+  frozen = sj.adam.scale_by_frozen_adam(freeze_step=2, b1=b1, b2=b2, eps=eps)
   frozen_state = frozen.init(params)
   for density in (0.3, 1.0):
-    tx = sj.scale_by_synced_adam(sj.spardl(density=density, wire="exact", warmup_steps=2),
+    tx = sj.adam.scale_by_synced_adam(sj.spardl(density=density, wire="exact", warmup_steps=2),
                                  freeze_step=2, b1=b1, b2=b2, eps=eps, sends="preconditioned")
     state = sj.init_opt_state(tx, params, harness.mesh(p))
     f = harness.update_fn(tx, p, params)
@@ -195,9 +195,9 @@ def test_preconditioned_sync_matches_its_numpy_model_and_is_frozen_adam_when_den
 def test_synced_adam_bad_input_is_named():
   with pytest.raises(ValueError, match="sends must be one of .'momentum', 'preconditioned'.,"
                                        " got 'gradient'"):
-    sj.scale_by_synced_adam(sj.spardl(), freeze_step=3, sends="gradient")
+    sj.adam.scale_by_synced_adam(sj.spardl(), freeze_step=3, sends="gradient")
   with pytest.raises(ValueError, match="second_moment must be one of .'frozen', 'sent'."):
-    sj.scale_by_synced_adam(sj.spardl(), freeze_step=3, second_moment="adaptive")
+    sj.adam.scale_by_synced_adam(sj.spardl(), freeze_step=3, second_moment="adaptive")
   with pytest.raises(ValueError, match="synced_adamw: warmup_steps must be an int >= 1, got 0"):
     sj.synced_adamw(1e-3, warmup_steps=0)
   with pytest.raises(ValueError, match="nosuch"):
@@ -205,11 +205,11 @@ def test_synced_adam_bad_input_is_named():
   # A method without a density takes none (PowerSGD's rank instead).
   assert sj.synced_adamw(1e-3, warmup_steps=3, method="powersgd", rank=2)
   with pytest.raises(ValueError, match="scale_by_synced_adam: freeze_step must be an int >= 1"):
-    sj.scale_by_synced_adam(sj.spardl(), freeze_step=0)
+    sj.adam.scale_by_synced_adam(sj.spardl(), freeze_step=0)
   with pytest.raises(TypeError, match="sync must be an optax.GradientTransformation"):
-    sj.scale_by_synced_adam("spardl", freeze_step=3)
+    sj.adam.scale_by_synced_adam("spardl", freeze_step=3)
   with pytest.raises(ValueError, match="not a chain"):
-    sj.init_opt_state(sj.scale_by_synced_adam(optax.chain(sj.spardl(), optax.sgd(1.0)),
+    sj.init_opt_state(sj.adam.scale_by_synced_adam(optax.chain(sj.spardl(), optax.sgd(1.0)),
                                               freeze_step=3),
                       {"w": jnp.zeros((4,))}, harness.mesh(2))
 

@@ -42,8 +42,8 @@ def test_synced_adamw_takes_a_schedule():
 ])
 def test_scale_by_synced_adam_needs_the_syncs_warmup(sync, match):
   with pytest.raises(ValueError, match=match):
-    sj.scale_by_synced_adam(sync, freeze_step=10)
-  sj.scale_by_synced_adam(sj.sync_gradients("dense"), freeze_step=10)  # always the mean
+    sj.adam.scale_by_synced_adam(sync, freeze_step=10)
+  sj.adam.scale_by_synced_adam(sj.sync_gradients("dense"), freeze_step=10)  # always the mean
 
 
 def test_a_state_of_another_optimizer_is_named():

@@ -24,7 +24,7 @@ def run(tx, p, params, data, loss, steps):
   specs = sj.opt_state_specs(tx, params, mesh)
 
   def step(params, state, batch):
-    point = sj.lookahead_params(tx, state, params)
+    point = sj.points.lookahead_params(tx, state, params)
     grads = jax.grad(loss)(jax.lax.pcast(point, AXIS, to="varying"), batch[0])
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates), state, jax.tree.map(lambda a: a[None], point)
@@ -155,7 +155,7 @@ def test_each_device_looks_ahead_on_its_own_estimate_and_nothing_is_stored():
 def test_lookahead_params_leaves_other_transformations_alone():
   params = {"w": jnp.ones(3)}
   tx = optax.chain(sj.spardl(delay=1), optax.sgd(LR))
-  assert sj.lookahead_params(tx, None, params) is params
+  assert sj.points.lookahead_params(tx, None, params) is params
 
 
 @pytest.mark.parametrize("build,match", [

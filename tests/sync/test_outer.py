@@ -28,7 +28,7 @@ def step_fn(tx, p, grad, batch_args):
   specs = sj.opt_state_specs(tx, params, mesh)
 
   def local(params, state, *batch):
-    grads = grad(sj.replica_params(state, params), *(rows[0] for rows in batch))
+    grads = grad(sj.points.replica_params(state, params), *(rows[0] for rows in batch))
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates)[None], state
 
