@@ -20,6 +20,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spardl_jax.core.protocol import PER_REPLICA
+from spardl_jax.sync.flat_layout import synced_leaves
 from spardl_jax.sync.placement import ParamLayout, device_spec, holds, state_specs
 from spardl_jax.sync.point import gradient_point
 from spardl_jax.sync.specs import (check_axis, check_leaf_specs, leaf_specs, local_shape,
@@ -71,7 +72,7 @@ def _check_every_leaf_synced(state, params) -> None:
   if not syncs:
     return
   seen = sum(len(sync.leaves.shapes) for sync in syncs)
-  floats = [x for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+  floats = synced_leaves(params)
   if seen < len(floats):
     raise ValueError(
         f"the optimizer's gradient syncs see {seen} of the {len(floats)} float parameter "

@@ -34,7 +34,18 @@ from spardl_jax.core import flat as flat_vector
 from spardl_jax.core.allreduce import axis_size, bound_axes
 from spardl_jax.sync.specs import axes_of
 
-__all__ = ['LeafGroup', 'FlatLayout', 'free_axes', 'columns']
+__all__ = ['LeafGroup', 'FlatLayout', 'free_axes', 'columns', 'is_synced', 'synced_leaves']
+
+
+def is_synced(x) -> bool:
+  """Whether the sync carries the leaf ``x``: a floating-point array. Integer and boolean
+  leaves (step counters, masks) pass through unsynced."""
+  return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def synced_leaves(tree) -> list:
+  """The leaves of ``tree`` the sync carries (:func:`is_synced`), in order."""
+  return [x for x in jax.tree.leaves(tree) if is_synced(x)]
 
 
 class LeafGroup(NamedTuple):

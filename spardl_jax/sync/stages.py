@@ -33,7 +33,7 @@ from spardl_jax.core import nonfinite as nonfinite_policy
 from spardl_jax.core import protocol
 from spardl_jax.core.allreduce import axis_size, bound_axes
 from spardl_jax.sync import levels
-from spardl_jax.sync.flat_layout import FlatLayout, columns
+from spardl_jax.sync.flat_layout import FlatLayout, columns, is_synced, synced_leaves
 from spardl_jax.sync.specs import leaf_specs
 from spardl_jax.sync.state import LeafShapes, Pending, SyncState, SyncStats
 from spardl_jax.sync.sync_options import SyncOptions
@@ -117,7 +117,7 @@ class Agreed(NamedTuple):
 
 
 def _float_leaves(tree) -> tuple[list, Any]:
-  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+  leaves = synced_leaves(tree)
   if not leaves:
     raise ValueError("sync_gradients: the gradient pytree has no floating-point leaves to "
                      "synchronize.")
@@ -206,8 +206,7 @@ def _layout(options: SyncOptions, tree, floats, dense, where: LeafSpecs) -> Flat
             f"axes; pass param_specs=<the parameters' PartitionSpecs> (the in_specs of your "
             f"shard_map) to the transformation.")
       specs = leaf_specs(tree, where.params)
-    float_specs = [spec for x, spec in zip(jax.tree.leaves(tree), specs)
-                   if jnp.issubdtype(x.dtype, jnp.floating)]
+    float_specs = [spec for x, spec in zip(jax.tree.leaves(tree), specs) if is_synced(x)]
     float_specs = _method_leaves(float_specs, dense)
   layout = FlatLayout.build([x.shape for x in _method_leaves(floats, dense)], float_specs,
                             others, options.local_axis)
@@ -480,7 +479,7 @@ def with_float_leaves(treedef, leaves, floats, other=lambda x: x):
   """The tree of ``leaves`` with its float leaves replaced by ``floats`` (in order) and
   every other leaf by ``other(leaf)``."""
   out = iter(floats)
-  return jax.tree.unflatten(treedef, [next(out) if jnp.issubdtype(x.dtype, jnp.floating)
+  return jax.tree.unflatten(treedef, [next(out) if is_synced(x)
                                       else other(x) for x in leaves])
 
 
