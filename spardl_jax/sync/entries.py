@@ -11,12 +11,12 @@ import jax
 from jax.sharding import PartitionSpec
 
 from spardl_jax.core.allreduce import bound_axes
-from spardl_jax.sync.flat_layout import free_axes
+from spardl_jax.sync.flat_layout import LeafSpecs, free_axes
 from spardl_jax.sync.guards import check_batch_axes, refuse_apply_if_finite
 from spardl_jax.sync.placement import device_spec
 from spardl_jax.sync.specs import (check_leaf_specs, context_specs, leaf_specs, restrict,
                                    specs_shown)
-from spardl_jax.sync.stages import LeafSpecs, init_local, update_local
+from spardl_jax.sync.stages import init_local, update_local
 from spardl_jax.sync.sync_options import SyncOptions
 from spardl_jax.sync.state import SyncState
 

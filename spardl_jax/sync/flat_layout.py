@@ -19,22 +19,30 @@ host (a reduce-scatter), each device syncs its 1/L slice across hosts, and the s
 gathered back inside the host.
 
 :class:`FlatLayout` is built once per trace, from the leaves' specs (:mod:`.specs`), and
-cuts both ways: :meth:`FlatLayout.flatten` and :meth:`FlatLayout.unflatten`.
+cuts both ways: :meth:`FlatLayout.flatten` and :meth:`FlatLayout.unflatten`. Around it, the
+rest of the tree <-> vector mapping: which leaves the sync carries (:func:`is_synced`) and
+which of those ``dense_leaves`` keeps out of the method (:func:`split_leaves`), and the tree
+put back together (:func:`merge_float_leaves`, :func:`with_float_leaves`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from spardl_jax.core import flat as flat_vector
 from spardl_jax.core.allreduce import axis_size, bound_axes
-from spardl_jax.sync.specs import axes_of
+from spardl_jax.sync.specs import axes_of, leaf_specs
 
-__all__ = ['LeafGroup', 'FlatLayout', 'free_axes', 'columns', 'is_synced', 'synced_leaves']
+if TYPE_CHECKING:
+  from spardl_jax.sync.sync_options import SyncOptions
+
+__all__ = ['LeafGroup', 'FlatLayout', 'free_axes', 'columns', 'is_synced', 'synced_leaves',
+           'LeafSpecs', 'NO_SPECS', 'Leaves', 'split_leaves', 'method_leaves',
+           'merge_float_leaves', 'with_float_leaves']
 
 
 def is_synced(x) -> bool:
@@ -174,3 +182,118 @@ def _scatter_mean(vec: jax.Array, axis: str) -> jax.Array:
 def _gather(vec: jax.Array, axis: str | tuple[str, ...], size: int) -> jax.Array:
   """The slices of ``axis``'s devices put back together, the padding cut."""
   return jax.lax.all_gather(vec, axis, tiled=True)[:size]
+
+
+# The tree <-> vector mapping of a sync: which leaves the method takes, and back.
+
+class LeafSpecs(NamedTuple):
+  """Where a tree's leaves lie on the mesh, as the caller knows it: ``leaves``, every leaf's
+  spec over the whole mesh (a list), or None where the caller has none; then ``params``,
+  the parameters' specs a door passed, are read."""
+
+  leaves: list | None = None
+  params: Any = None
+
+
+NO_SPECS = LeafSpecs()  # the caller knows none: the parameters are replicated off the data axes
+
+
+def _float_leaves(tree) -> tuple[list, Any]:
+  leaves = synced_leaves(tree)
+  if not leaves:
+    raise ValueError("sync_gradients: the gradient pytree has no floating-point leaves to "
+                     "synchronize.")
+  return leaves, jnp.result_type(*(x.dtype for x in leaves))
+
+
+def _dense_mask(options: SyncOptions, floats) -> list[bool]:
+  """Which float leaves ``dense_leaves`` keeps dense; a clear error where it keeps all."""
+  mask = [options.is_dense(tuple(x.shape)) for x in floats]
+  if options.dense_leaves is not None and all(mask):
+    raise ValueError(f"sync_gradients: dense_leaves={options.dense_leaves!r} keeps every "
+                     f"leaf dense, so {options.method!r} has nothing to sync; use "
+                     f"method='dense', or a rule that leaves some leaves to the method.")
+  return mask
+
+
+def method_leaves(items: list, dense: list[bool]) -> list:
+  """The entries of ``items`` (one per float leaf) the method syncs: those not kept dense."""
+  return [item for item, d in zip(items, dense) if not d]
+
+
+class Leaves(NamedTuple):
+  """A tree's float leaves as the sync splits them: all of them in order, their promoted
+  ``dtype``, the ``dense`` mask (``dense_leaves``), the ``method``'s leaves and the ``kept``
+  dense ones, and the ``layout`` of the method's flat vector."""
+
+  floats: list
+  dtype: Any
+  dense: list[bool]
+  method: list
+  kept: list
+  layout: FlatLayout
+
+
+def split_leaves(options: SyncOptions, tree, where: LeafSpecs = NO_SPECS) -> Leaves:
+  """``tree``'s float leaves split between the method and ``dense_leaves``, with the
+  method's flat layout (:func:`_layout`)."""
+  floats, dtype = _float_leaves(tree)
+  dense = _dense_mask(options, floats)
+  return Leaves(floats, dtype, dense, method_leaves(floats, dense),
+                [x for x, d in zip(floats, dense) if d],
+                _layout(options, tree, floats, dense, where))
+
+
+def _layout(options: SyncOptions, tree, floats, dense, where: LeafSpecs) -> FlatLayout:
+  """How this device's float leaves of ``tree`` (but those ``dense`` marks) make its flat
+  vector, the leaves lying on the mesh as ``where`` says."""
+  others = columns(options.data_axes)
+  float_specs = None
+  specs = where.leaves
+  if others:
+    if specs is None:
+      if where.params is None:
+        raise ValueError(
+            f"sync_gradients: the sync runs inside a shard_map over the mesh axes "
+            f"{tuple(others)} besides {options.axis_name!r}, where each device holds only "
+            f"its shards and the sync cannot see which parameters are replicated over those "
+            f"axes; pass param_specs=<the parameters' PartitionSpecs> (the in_specs of your "
+            f"shard_map) to the transformation.")
+      specs = leaf_specs(tree, where.params)
+    float_specs = [spec for x, spec in zip(jax.tree.leaves(tree), specs) if is_synced(x)]
+    float_specs = method_leaves(float_specs, dense)
+  layout = FlatLayout.build([x.shape for x in method_leaves(floats, dense)], float_specs,
+                            others, options.local_axis)
+  _check_leafwise(options, layout, tuple(others))
+  return layout
+
+
+def _check_leafwise(options: SyncOptions, layout: FlatLayout, others) -> None:
+  """A method that compresses each leaf as a matrix cannot take slices of the leaves."""
+  if not any(level.allreduce.leafwise for level in options.levels):
+    return
+  if options.local_axis is not None:
+    raise ValueError(f"sync_gradients: {options.method!r} compresses each parameter as a "
+                     f"matrix, but local_axis={options.local_axis!r} syncs slices of the flat "
+                     f"gradient; use a method that sees one flat vector (sj.methods.names()).")
+  if layout.sliced:
+    raise ValueError(
+        f"sync_gradients: {options.method!r} compresses each parameter as a matrix, but some "
+        f"parameters are replicated over the mesh axes {others}, whose slices the sync "
+        f"spreads over those axes; shard every parameter over them, or use a method that "
+        f"sees one flat vector (sj.methods.names()).")
+
+
+def merge_float_leaves(dense: list[bool], method_leaves, dense_leaves) -> list:
+  """The float leaves in their order, from the method's and the dense ones (``dense`` marks
+  which each is)."""
+  from_method, from_dense = iter(method_leaves), iter(dense_leaves)
+  return [next(from_dense) if d else next(from_method) for d in dense]
+
+
+def with_float_leaves(treedef, leaves, floats, other=lambda x: x):
+  """The tree of ``leaves`` with its float leaves replaced by ``floats`` (in order) and
+  every other leaf by ``other(leaf)``."""
+  out = iter(floats)
+  return jax.tree.unflatten(treedef, [next(out) if is_synced(x)
+                                      else other(x) for x in leaves])

@@ -24,7 +24,7 @@ import optax
 
 from spardl_jax.core import protocol, topk
 from spardl_jax.core.allreduce import axis_size
-from spardl_jax.sync import levels, methods, stages, transform
+from spardl_jax.sync import flat_layout, levels, methods, stages, transform
 from spardl_jax.sync.point import moves_the_point
 from spardl_jax.sync.state import SyncState
 
@@ -140,15 +140,15 @@ def predicted_delivery(sync: optax.GradientTransformation, state: SyncState, par
     raise ValueError("predicted_delivery: sync must be a sync_gradients(..., delay=1) and "
                      "state its SyncState.")
   leaves, treedef = jax.tree.flatten(params)
-  split = stages.split_leaves(options, params)
+  split = flat_layout.split_leaves(options, params)
   vec, kept = stages.unpack(pending.message[0], split.layout.n, split.kept)
   vec = _kept_by_the_level(options, state, vec, [x.shape for x in split.method])
-  estimate = stages.merge_float_leaves(split.dense, split.layout.unflatten(vec, split.method),
+  estimate = flat_layout.merge_float_leaves(split.dense, split.layout.unflatten(vec, split.method),
                                        kept)
   held = pending.held[0]
   estimate = [jnp.where(held, e.astype(x.dtype).reshape(x.shape), jnp.zeros_like(x))
               for e, x in zip(estimate, split.floats)]
-  return stages.with_float_leaves(treedef, leaves, estimate, other=jnp.zeros_like)
+  return flat_layout.with_float_leaves(treedef, leaves, estimate, other=jnp.zeros_like)
 
 
 def _kept_by_the_level(options, state: SyncState, vec, shapes):

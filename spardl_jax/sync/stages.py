@@ -33,30 +33,16 @@ from spardl_jax.core import nonfinite as nonfinite_policy
 from spardl_jax.core import protocol
 from spardl_jax.core.allreduce import axis_size, bound_axes
 from spardl_jax.sync import levels
-from spardl_jax.sync.flat_layout import FlatLayout, columns, is_synced, synced_leaves
-from spardl_jax.sync.specs import leaf_specs
+from spardl_jax.sync.flat_layout import (NO_SPECS, FlatLayout, LeafSpecs, Leaves, method_leaves,
+                                         merge_float_leaves, split_leaves, with_float_leaves)
 from spardl_jax.sync.state import LeafShapes, Pending, SyncState, SyncStats
 from spardl_jax.sync.sync_options import SyncOptions
 
 __all__ = ['init_local', 'update_local', 'check_state',
            'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats',
-           'level_starts', 'level_index', 'Leaves', 'split_leaves', 'merge_float_leaves',
-           'with_float_leaves',
-           'UNORDERED_COLLECTIVES',
-           'waits_for_gradient', 'message_size', 'unpack', 'hold', 'LeafSpecs', 'Local',
-           'LevelRun', 'Agreed']
-
-
-class LeafSpecs(NamedTuple):
-  """Where a tree's leaves lie on the mesh, as the caller knows it: ``leaves``, every leaf's
-  spec over the whole mesh (a list), or None where the caller has none; then ``params``,
-  the parameters' specs a door passed, are read."""
-
-  leaves: list | None = None
-  params: Any = None
-
-
-NO_SPECS = LeafSpecs()  # the caller knows none: the parameters are replicated off the data axes
+           'level_starts', 'level_index', 'UNORDERED_COLLECTIVES',
+           'waits_for_gradient', 'message_size', 'unpack', 'hold', 'Local', 'LevelRun',
+           'Agreed']
 
 
 class Trace(NamedTuple):
@@ -116,54 +102,8 @@ class Agreed(NamedTuple):
   bad: jax.Array
 
 
-def _float_leaves(tree) -> tuple[list, Any]:
-  leaves = synced_leaves(tree)
-  if not leaves:
-    raise ValueError("sync_gradients: the gradient pytree has no floating-point leaves to "
-                     "synchronize.")
-  return leaves, jnp.result_type(*(x.dtype for x in leaves))
-
-
 def _shapes(floats) -> LeafShapes:
   return LeafShapes(tuple(tuple(int(d) for d in x.shape) for x in floats))
-
-
-def _dense_mask(options: SyncOptions, floats) -> list[bool]:
-  """Which float leaves ``dense_leaves`` keeps dense; a clear error where it keeps all."""
-  mask = [options.is_dense(tuple(x.shape)) for x in floats]
-  if options.dense_leaves is not None and all(mask):
-    raise ValueError(f"sync_gradients: dense_leaves={options.dense_leaves!r} keeps every "
-                     f"leaf dense, so {options.method!r} has nothing to sync; use "
-                     f"method='dense', or a rule that leaves some leaves to the method.")
-  return mask
-
-
-def _method_leaves(items: list, dense: list[bool]) -> list:
-  """The entries of ``items`` (one per float leaf) the method syncs: those not kept dense."""
-  return [item for item, d in zip(items, dense) if not d]
-
-
-class Leaves(NamedTuple):
-  """A tree's float leaves as the sync splits them: all of them in order, their promoted
-  ``dtype``, the ``dense`` mask (``dense_leaves``), the ``method``'s leaves and the ``kept``
-  dense ones, and the ``layout`` of the method's flat vector."""
-
-  floats: list
-  dtype: Any
-  dense: list[bool]
-  method: list
-  kept: list
-  layout: FlatLayout
-
-
-def split_leaves(options: SyncOptions, tree, where: LeafSpecs = NO_SPECS) -> Leaves:
-  """``tree``'s float leaves split between the method and ``dense_leaves``, with the
-  method's flat layout (:func:`_layout`)."""
-  floats, dtype = _float_leaves(tree)
-  dense = _dense_mask(options, floats)
-  return Leaves(floats, dtype, dense, _method_leaves(floats, dense),
-                [x for x, d in zip(floats, dense) if d],
-                _layout(options, tree, floats, dense, where))
 
 
 def _devices(options: SyncOptions) -> tuple[int, int]:
@@ -188,46 +128,6 @@ def _devices(options: SyncOptions) -> tuple[int, int]:
       f"sync_gradients: init was called outside shard_map, so the number of devices on axis "
       f"{options.axis_name!r} is unknown. Use spardl_jax.init_opt_state(tx, params, mesh), "
       f"call init inside jax.shard_map, run under jax.set_mesh(mesh), or pass axis_size=P.")
-
-
-def _layout(options: SyncOptions, tree, floats, dense, where: LeafSpecs) -> FlatLayout:
-  """How this device's float leaves of ``tree`` (but those ``dense`` marks) make its flat
-  vector, the leaves lying on the mesh as ``where`` says."""
-  others = columns(options.data_axes)
-  float_specs = None
-  specs = where.leaves
-  if others:
-    if specs is None:
-      if where.params is None:
-        raise ValueError(
-            f"sync_gradients: the sync runs inside a shard_map over the mesh axes "
-            f"{tuple(others)} besides {options.axis_name!r}, where each device holds only "
-            f"its shards and the sync cannot see which parameters are replicated over those "
-            f"axes; pass param_specs=<the parameters' PartitionSpecs> (the in_specs of your "
-            f"shard_map) to the transformation.")
-      specs = leaf_specs(tree, where.params)
-    float_specs = [spec for x, spec in zip(jax.tree.leaves(tree), specs) if is_synced(x)]
-    float_specs = _method_leaves(float_specs, dense)
-  layout = FlatLayout.build([x.shape for x in _method_leaves(floats, dense)], float_specs,
-                            others, options.local_axis)
-  _check_leafwise(options, layout, tuple(others))
-  return layout
-
-
-def _check_leafwise(options: SyncOptions, layout: FlatLayout, others) -> None:
-  """A method that compresses each leaf as a matrix cannot take slices of the leaves."""
-  if not any(level.allreduce.leafwise for level in options.levels):
-    return
-  if options.local_axis is not None:
-    raise ValueError(f"sync_gradients: {options.method!r} compresses each parameter as a "
-                     f"matrix, but local_axis={options.local_axis!r} syncs slices of the flat "
-                     f"gradient; use a method that sees one flat vector (sj.methods.names()).")
-  if layout.sliced:
-    raise ValueError(
-        f"sync_gradients: {options.method!r} compresses each parameter as a matrix, but some "
-        f"parameters are replicated over the mesh axes {others}, whose slices the sync "
-        f"spreads over those axes; shard every parameter over them, or use a method that "
-        f"sees one flat vector (sj.methods.names()).")
 
 
 def fresh_state(options: SyncOptions, bound, n: int, dtype, p: int):
@@ -468,21 +368,6 @@ def update_local(options: SyncOptions, updates, state, where: LeafSpecs = NO_SPE
   return with_float_leaves(treedef, leaves, synced), new_state
 
 
-def merge_float_leaves(dense: list[bool], method_leaves, dense_leaves) -> list:
-  """The float leaves in their order, from the method's and the dense ones (``dense`` marks
-  which each is)."""
-  from_method, from_dense = iter(method_leaves), iter(dense_leaves)
-  return [next(from_dense) if d else next(from_method) for d in dense]
-
-
-def with_float_leaves(treedef, leaves, floats, other=lambda x: x):
-  """The tree of ``leaves`` with its float leaves replaced by ``floats`` (in order) and
-  every other leaf by ``other(leaf)``."""
-  out = iter(floats)
-  return jax.tree.unflatten(treedef, [next(out) if is_synced(x)
-                                      else other(x) for x in leaves])
-
-
 # Runtimes that may start a step's independent collectives in a different order on each
 # device. XLA:CPU runs the thunks of a program that do not depend on each other at once, and
 # each collective blocks its device until all have joined: with the sync independent of the
@@ -542,7 +427,7 @@ def hold(split: Leaves, synced, state, new_state, next_message):
       next_message(s, g).astype(g.dtype) for s, g in zip(synced, floats)]
   dtype = state.pending.message.dtype
   kept = [m for m, d in zip(message, dense) if d]
-  vec = split.layout.flatten(_method_leaves(message, dense), dtype)
+  vec = split.layout.flatten(method_leaves(message, dense), dtype)
   if kept:
     vec = jnp.concatenate([vec, flat_vector.concat(kept, dtype)])
   return synced, new_state._replace(pending=Pending(vec[None], jnp.ones((1,), bool)))
