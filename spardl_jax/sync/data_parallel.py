@@ -346,7 +346,8 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
                        f"of {axis_name!r} (an outer loop, spardl_jax.diloco); with local_axis="
                        f"{local_axis!r} the devices of a host would drift apart. Drop "
                        f"local_axis.")
-    at = gradient_point(built, opt_state, params)  # a replica, a look-ahead; else params
+    with use_param_specs(param_specs):  # the layout, for a look-ahead's sync (as tx.update)
+      at = gradient_point(built, opt_state, params)  # a replica, a look-ahead; else params
     out, grads = jax.value_and_grad(_checked_loss(loss_fn, has_aux), has_aux=has_aux)(
         at, *batch)
     updates, opt_state = tx.update(grads, opt_state, params, param_specs=param_specs,

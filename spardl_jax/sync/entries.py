@@ -20,10 +20,10 @@ from spardl_jax.sync.stages import init_local, update_local
 from spardl_jax.sync.sync_options import SyncOptions
 from spardl_jax.sync.state import SyncState
 
-__all__ = ['init', 'update']
+__all__ = ['init', 'update', 'local_specs']
 
 
-def _local_specs(options: SyncOptions, tree, axes, who: str, given):
+def local_specs(options: SyncOptions, tree, axes, who: str, given):
   """Each leaf's spec over the mesh (a list) and over the ``axes`` the sync must open
   itself (a tree, for ``shard_map``); a clear error where it cannot know them."""
   mesh = jax.sharding.get_abstract_mesh()
@@ -57,7 +57,7 @@ def init(options: SyncOptions, params) -> SyncState:
     return init_local(options, params, LeafSpecs(params=given))
   rows = (device_spec(axes, options.axis_name) if options.axis_name in axes
           else PartitionSpec(axes))
-  specs, over = _local_specs(options, params, axes, "init", given)
+  specs, over = local_specs(options, params, axes, "init", given)
   return jax.shard_map(functools.partial(init_local, options, where=LeafSpecs(specs, given)),
                        in_specs=(over,), out_specs=rows, axis_names=set(axes),
                        check_vma=False)(params)
@@ -74,7 +74,7 @@ def update(options: SyncOptions, updates, state, param_specs=None, batch_axes=No
   axes = free_axes(options.axis_name)
   if not axes:
     return update_local(options, updates, state, LeafSpecs(params=given), next_message)
-  specs, over = _local_specs(options, updates, axes, "update", given)
+  specs, over = local_specs(options, updates, axes, "update", given)
   rows = jax.tree.map(lambda _: PartitionSpec(axes), state)
   return jax.shard_map(functools.partial(update_local, options, where=LeafSpecs(specs, given),
                                          next_message=next_message),

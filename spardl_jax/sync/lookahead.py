@@ -16,15 +16,19 @@ replicated: the look-ahead is a point each device evaluates its loss at, never s
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec
 
 from spardl_jax.core import protocol, topk
 from spardl_jax.core.allreduce import axis_size
-from spardl_jax.sync import flat_layout, levels, methods, stages, transform
+from spardl_jax.sync import entries, flat_layout, levels, methods, stages, transform
+from spardl_jax.sync.flat_layout import LeafSpecs, free_axes
+from spardl_jax.sync.specs import context_specs
 from spardl_jax.sync.point import moves_the_point
 from spardl_jax.sync.state import SyncState
 
@@ -135,16 +139,34 @@ def predicted_delivery(sync: optax.GradientTransformation, state: SyncState, par
   entry.
   """
   options = transform.built_with(sync)
-  pending = state.pending if isinstance(state, SyncState) else None
-  if options is None or not options.delay or pending is None:
+  if (options is None or not options.delay or not isinstance(state, SyncState)
+      or state.pending is None):
     raise ValueError("predicted_delivery: sync must be a sync_gradients(..., delay=1) and "
                      "state its SyncState.")
+  # As the sync's own update does (spardl_jax.sync.entries): on local shards, in a shard_map
+  # over the mesh axes a partial-auto one left open (a model axis).
+  given = options.given_specs(context_specs(), "use_param_specs (data_parallel_step passes "
+                              "the arrays' layout there)", "lookahead_params")
+  axes = free_axes(options.axis_name)
+  if not axes:
+    return _predicted_local(options, state, params, LeafSpecs(params=given))
+  specs, over = entries.local_specs(options, params, axes, "lookahead_params", given)
+  rows = jax.tree.map(lambda _: PartitionSpec(axes), state)
+  local = functools.partial(_predicted_local, options, where=LeafSpecs(specs, given))
+  return jax.shard_map(local, in_specs=(rows, over), out_specs=over, axis_names=set(axes),
+                       check_vma=False)(state, params)
+
+
+def _predicted_local(options, state: SyncState, params, where: LeafSpecs):
+  """:func:`predicted_delivery` on this device's shards."""
+  pending = state.pending
+  assert pending is not None  # predicted_delivery checked
   leaves, treedef = jax.tree.flatten(params)
-  split = flat_layout.split_leaves(options, params)
+  split = flat_layout.split_leaves(options, params, where)
   vec, kept = stages.unpack(pending.message[0], split.layout.n, split.kept)
   vec = _kept_by_the_level(options, state, vec, [x.shape for x in split.method])
-  estimate = flat_layout.merge_float_leaves(split.dense, split.layout.unflatten(vec, split.method),
-                                       kept)
+  estimate = flat_layout.merge_float_leaves(
+      split.dense, split.layout.unflatten(vec, split.method), kept)
   held = pending.held[0]
   estimate = [jnp.where(held, e.astype(x.dtype).reshape(x.shape), jnp.zeros_like(x))
               for e, x in zip(estimate, split.floats)]

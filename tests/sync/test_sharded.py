@@ -6,6 +6,7 @@ stay inside the column; the books must balance per column; a step is skipped eve
 nowhere; at density 1 with the exact wire training equals dense ``jax.jit`` training.
 """
 
+import functools
 import itertools
 
 import jax
@@ -300,6 +301,50 @@ def test_at_density_one_training_equals_dense_jit_training(name, kind, style):
   n_local = state[0].method_state.residual.shape[1]
   if mesh.size > mesh.shape["data"]:
     assert n_local < sum(int(np.prod(s)) for s in SHAPES.values()), "local shards, not gathered"
+
+
+LOOK_AHEAD_STEPS = 4
+
+
+def look_ahead_training(mesh, specs):
+  """4 steps of sj.data_parallel_step with a delayed sync's look-ahead at density 1 (SGD with
+  momentum after it), from fixed parameters and batches: the parameters after them."""
+  rng = np.random.default_rng(5)
+  values = {k: 0.3 * rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+  data = [(rng.standard_normal((16, 16)).astype(np.float32),
+           rng.standard_normal((16, 4)).astype(np.float32)) for _ in range(LOOK_AHEAD_STEPS)]
+  tx = sj.lookahead(sj.spardl(density=1.0, wire="exact", delay=1), optax.sgd(0.1, 0.9))
+  with jax.set_mesh(mesh):
+    params = put_params(mesh, specs, values)
+    state = sj.init_opt_state(tx, params, mesh, param_specs=specs)
+    step = sj.data_parallel_step(mlp_loss, tx, mesh)
+    for batch in data:
+      params, state, _ = step(params, state, *(jax.device_put(a, NamedSharding(mesh, P("data")))
+                                               for a in batch))
+  return values, {k: np.asarray(v) for k, v in params.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def replicated_look_ahead(devices):
+  """The reference: the same run with the parameters replicated on a mesh of one data axis."""
+  mesh = jax.make_mesh((devices,), ("data",), devices=jax.devices()[:devices],
+                       axis_types=(EXPLICIT,))
+  return look_ahead_training(mesh, {k: P() for k in SHAPES})[1]
+
+
+# The 8x1 mesh (a model axis of size 1) with SPARDL_JAX_FULL_TESTS=1: suite time.
+@pytest.mark.parametrize("name, kind", harness.grid(
+    [("4x2", EXPLICIT), ("4x2", AUTO), ("8x1", EXPLICIT)], [("4x2", EXPLICIT), ("4x2", AUTO)]))
+def test_a_look_ahead_on_a_sharded_model_trains_as_on_the_data_axis_alone(name, kind):
+  """A delayed sync's look-ahead takes its point on each device's shards (in a shard_map over
+  the model axes the step leaves open): at density 1 it trains as the same run with the
+  parameters replicated on the data axis alone."""
+  mesh = make_mesh(name, kind)
+  values, got = look_ahead_training(mesh, MESHES[name][2])
+  want = replicated_look_ahead(mesh.shape["data"])
+  for k in SHAPES:
+    assert np.any(got[k] != values[k]), k
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
 
 
 def test_auto_axes_without_param_specs_is_a_clear_error():
