@@ -27,9 +27,9 @@ import math
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-__all__ = ["use_param_specs", "check_spec_tree", "context_specs", "check_axis", "axes_of",
-           "leaf_specs",
-           'check_same_specs', 'specs_shown', 'check_leaf_specs', 'local_shape', 'restrict']
+__all__ = ['use_param_specs', 'check_spec_tree', 'context_specs', 'check_axis', 'axes_of',
+           'leaf_specs', 'check_same_specs', 'specs_shown', 'check_leaf_specs', 'local_shape',
+           'restrict']
 
 _CONTEXT: contextvars.ContextVar = contextvars.ContextVar("spardl_jax.use_param_specs",
                                                           default=None)
