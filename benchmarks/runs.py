@@ -8,6 +8,7 @@ dense's final metric" with :func:`target` and :func:`first_reaching`.
 from __future__ import annotations
 
 import glob
+import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -18,7 +19,7 @@ from spardl_jax.tools.provenance import provenance
 from train import report
 from train.report import RunRecord
 
-__all__ = ['RunRecord', 'find', 'target', 'first_reaching', 'provenance']
+__all__ = ['RunRecord', 'find', 'target', 'first_reaching', 'provenance', 'write_rows']
 
 Point = TypeVar("Point")
 
@@ -44,3 +45,16 @@ def first_reaching(points: Sequence[Point], goal: float,
   its last field) is at least ``goal``, or None if none is: the metric is one that grows
   (accuracy)."""
   return next((point for point in points if metric(point) >= goal), None)
+
+
+def write_rows(out: str, meta: dict, rows: list[dict], table: str) -> None:
+  """A driver's raw output under ``out``: ``results.json`` (``meta`` and the ``rows``) and
+  ``results.md`` (their ``table``), each replaced whole (a run killed while writing leaves
+  the previous pair)."""
+  os.makedirs(out, exist_ok=True)
+  for name, text in (("results.json", json.dumps({**meta, "rows": rows}, indent=2)),
+                     ("results.md", table + "\n")):
+    path = os.path.join(out, name)
+    with open(path + ".tmp", "w") as f:
+      f.write(text)
+    os.replace(path + ".tmp", path)

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
 import statistics
 import sys
 import time
@@ -179,25 +177,13 @@ def main(argv=None) -> int:
     per_device = args.batch_per_device or (16 if size == "tiny" else 2)
     rows.append(measure(name, size, method, args.devices, per_device, args.steps))
     if args.out:  # after each configuration: a run stopped later keeps what it measured
-      _write(args.out, meta, rows)
+      runs.write_rows(args.out, meta, rows, format_table(rows))
     jax.clear_caches()
     gc.collect()
   print(format_table(rows))
   if args.out:
-    _write(args.out, meta, rows)
+    runs.write_rows(args.out, meta, rows, format_table(rows))
   return 0
-
-
-def _write(out: str, meta: dict, rows: list[dict]) -> None:
-  """``results.json`` (``meta`` and the rows so far) and ``results.md`` under ``out``, each
-  replaced whole (a run killed while writing leaves the previous pair)."""
-  os.makedirs(out, exist_ok=True)
-  for name, text in (("results.json", json.dumps({**meta, "rows": rows}, indent=2)),
-                     ("results.md", format_table(rows) + "\n")):
-    path = os.path.join(out, name)
-    with open(path + ".tmp", "w") as f:
-      f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

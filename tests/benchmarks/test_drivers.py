@@ -65,9 +65,15 @@ def test_paper_compare_prints_a_row_per_reported_speedup(capsys):
   assert all(re.search(r"\d×", row) for row in rows[2:])
 
 
-def test_sharded_step_reads_bytes_and_times_each_variant(capsys):
-  assert sharded_step.main(["--steps", "1"]) == 0
+def test_sharded_step_reads_bytes_and_times_each_variant(tmp_path, capsys):
+  assert sharded_step.main(["--steps", "1", "--out", str(tmp_path)]) == 0
   out = capsys.readouterr().out
+  raw = json.loads((tmp_path / "results.json").read_text())
+  assert [r["variant"] for r in raw["rows"]] == [
+      "SparDL 1 %, sharded (4 x 2)", "SparDL 1 %, replicated (8)", sharded_step.DENSE]
+  assert raw["commit"] and raw["args"]["steps"] == 1
+  assert (tmp_path / "results.md").read_text() == sharded_step.format_table(raw["rows"]) + "\n"
+  assert all(r["permuted"] > 0 for r in raw["rows"][:2]) and raw["rows"][2]["permuted"] == 0
   for name in ("SparDL 1 %, sharded (4 x 2)", "SparDL 1 %, replicated (8)",
                "dense jit, sharded (4 x 2)"):
     assert f"{name}: permutes send" in out

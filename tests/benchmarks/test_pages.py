@@ -155,20 +155,30 @@ def _selection_gpu_tables():
           for mine in rendered], ranks
 
 
-def _step_time_raw():
-  """Every raw output of ``benchmarks.step_time`` (rows with ``step_s`` and ``params``) that
-  has its table beside it."""
-  def holds(raw):
+# The drivers that write rows and their table (``runs.write_rows``), each known by the fields
+# of its rows: ``benchmarks.step_time``'s, ``benchmarks.sharded_step``'s.
+ROW_DRIVERS = {"step_time": {"step_s", "params"}, "sharded_step": {"step_s", "permuted"}}
+
+
+def _driver_raw():
+  """Every raw output of a driver of :data:`ROW_DRIVERS` that has its table beside it, with
+  the driver."""
+  def driver(raw):
     rows = raw.get("rows")
-    return isinstance(rows, list) and bool(rows) and {"step_s", "params"} <= set(rows[0])
-  return _raw_with_table(holds)
+    if isinstance(rows, list) and rows and isinstance(rows[0], dict):
+      return next((name for name, fields in ROW_DRIVERS.items() if fields <= set(rows[0])),
+                  None)
+    return None
+  return [(path, driver(json.loads(_read(path)))) for path in _raw_with_table(driver)]
 
 
-@pytest.mark.parametrize("path", _step_time_raw(),
-                         ids=lambda p: os.path.relpath(p, RESULTS).replace(os.sep, "/"))
-def test_a_step_time_report_re_renders_from_its_rows(path):
-  from benchmarks import step_time
-  assert step_time.format_table(json.loads(_read(path))["rows"]) in _read(path[:-5] + ".md")
+@pytest.mark.parametrize("path,driver", _driver_raw(),
+                         ids=lambda p: os.path.relpath(p, RESULTS).replace(os.sep, "/")
+                         if os.sep in str(p) else str(p))
+def test_a_driver_report_re_renders_from_its_rows(path, driver):
+  import importlib
+  table = importlib.import_module(f"benchmarks.{driver}").format_table
+  assert table(json.loads(_read(path))["rows"]) in _read(path[:-5] + ".md")
 
 
 def test_the_selection_pages_gpu_tables_are_its_raw_files():
@@ -205,7 +215,7 @@ RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence|sca
 # Tables a page still types by hand (issue 45: each is rendered from raw outputs or measured
 # again; the count only falls). Every other table is rendered by the command in the comment
 # above it, or is a copy of a report a driver wrote beside its raw files.
-TYPED = {"adam.md": 2, "cpu_profile.md": 6, "network.md": 1, "outer.md": 1, "selection.md": 4,
+TYPED = {"adam.md": 2, "cpu_profile.md": 3, "network.md": 1, "outer.md": 1, "selection.md": 4,
          "sync_methods.md": 1, "training.md": 4}
 
 
