@@ -113,7 +113,7 @@ _BLOCK = 32  # entries per block of the two-level prefix count (fastest on XLA:C
 
 def _split_table(g, selected, boundaries, p: int, c: int):
   """``(P, c)`` tables of the selected entries of each region (in index order, the first
-  ``c`` of a region); and the ``(n,)`` mask of entries placed.
+  ``c`` of a region): offsets (INVALID in empty slots) and values.
 
   The published algorithm's cost is one pass over ``n`` plus work in ``k``; so is this one's.
   Over ``n``: one count of the selected entries per block of 32
@@ -123,7 +123,6 @@ def _split_table(g, selected, boundaries, p: int, c: int):
   inside its block. No prefix sum, boundary search or scatter runs over ``n`` (they made it
   several times slower at the paper's sizes: benchmarks/results/sync_methods.md).
   """
-  n = g.shape[0]
   counts = topk.GroupCounts.of(selected, _BLOCK)
   start = counts.before(boundaries)  # (P + 1,) selected entries before each boundary
   target = start[:-1, None] + jnp.arange(c, dtype=jnp.int32)[None]  # ranks, 0-based
@@ -131,8 +130,7 @@ def _split_table(g, selected, boundaries, p: int, c: int):
   index = counts.nth(target.reshape(-1)).reshape(p, c)
   offsets = jnp.where(valid, index, INVALID)
   values = jnp.where(valid, g[jnp.where(valid, index, 0)], 0)
-  placed = jnp.zeros((n,), jnp.bool_).at[offsets.reshape(-1)].set(True, mode="drop")
-  return offsets, values, placed
+  return offsets, values
 
 
 def _rebalanced(result_offsets, n: int, p: int, old):
@@ -161,9 +159,10 @@ def oktopk_allreduce(x: jax.Array, state: OkTopkState, config: OkTopkConfig, *,
   keys = topk.keys(g)
   local_threshold = jax.lax.cond(
       estimate, lambda: topk.kth_largest(keys[None], k)[0], lambda: state.local_threshold)
-  table_off, table_val, placed = _split_table(g, keys >= local_threshold, state.boundaries,
-                                              p, c)
-  residual = jnp.where(placed, jnp.zeros_like(g), g)
+  table_off, table_val = _split_table(g, keys >= local_threshold, state.boundaries, p, c)
+  # What is sent leaves the residual: zeros written over g at the sent offsets, in place
+  # (a mask of n and a pass over n cost more on XLA:CPU).
+  residual = g.at[table_off.reshape(-1)].set(0, mode="drop")
   union = sparse_sum(*exchange(table_off, table_val, p=p, rank=rank, axis_name=axis_name))
   valid = union.offsets != INVALID
   candidate = valid & (estimate | (topk.keys(union.sums) >= state.global_threshold))
@@ -179,7 +178,9 @@ def oktopk_allreduce(x: jax.Array, state: OkTopkState, config: OkTopkConfig, *,
       lambda: state.global_threshold)
   accepted = (all_off != INVALID) & (all_keys >= global_threshold)
   result_off = jnp.where(accepted, all_off, INVALID)
-  y = densify(n, result_off, all_val, x.dtype) / p
+  # Owners' regions are disjoint: each entry is one value, divided before it is placed (the
+  # same bits as dividing the dense result, without a pass over n).
+  y = densify(n, result_off, all_val / p, x.dtype)
   # The owner takes back what its region reduced but the result does not hold.
   residual = residual.at[jnp.where(valid & ~sent, union.offsets, INVALID)].add(
       union.sums, mode="drop")
