@@ -31,7 +31,10 @@ import re
 import sys
 import tempfile
 
-# The method's own code: the first frame below these is the stage.
+from spardl_jax.tools.provenance import provenance
+
+# The method's own code: the first frame below these (or below a method's ``*_allreduce``
+# function) is the stage.
 _ENTRY = ("_stages", "spardl_allreduce", "apply", "step")
 _COLLECTIVES = ("collective-permute", "all-reduce", "all-gather", "all-to-all",
                 "reduce-scatter", "collective-broadcast")
@@ -76,7 +79,8 @@ def stage_of(frames: list[tuple[str, str]]) -> tuple[str, str]:
   if not frames:
     return "?", "?"
   for i, (_, function) in enumerate(frames):  # the innermost entry frame
-    if function.split(".")[-1] in _ENTRY or function.endswith("<locals>.step"):
+    name = function.split(".")[-1]
+    if name in _ENTRY or name.endswith("_allreduce") or function.endswith("<locals>.step"):
       return frames[max(i - 1, 0)][1], frames[0][0]
   return frames[0][1], frames[0][0]
 
@@ -187,7 +191,7 @@ def main(argv=None) -> int:
                total=total))
   if args.out:
     with open(args.out, "w") as f:
-      json.dump({"args": vars(args), "total_us": total,
+      json.dump({"args": vars(args), **provenance(), "total_us": total,
                  "rows": [{"stage": s, "module": m, "us": u} for s, m, u in rows]}, f, indent=2)
   return 0
 

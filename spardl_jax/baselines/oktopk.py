@@ -142,6 +142,101 @@ def _rebalanced(result_offsets, n: int, p: int, old):
   return jnp.where(count >= p, new, old)
 
 
+class _Step(NamedTuple):
+  """What one call fixes: the devices ``p``, the target ``k``, the capacity ``c``, this
+  worker's ``rank``, and whether the thresholds are re-estimated (``estimate``)."""
+
+  p: int
+  k: int
+  c: int
+  rank: jax.Array
+  estimate: jax.Array
+
+
+class _Reduced(NamedTuple):
+  """Step 2's result: the residual with the sent entries taken out, and this owner's sums."""
+
+  residual: jax.Array
+  union: Union
+
+
+class _Gathered(NamedTuple):
+  """Step 3's result: what this owner sent (``offsets``, ``values``, the union slots it
+  ``sent``), every owner's ``(P, c)`` pairs (``all_off``, ``all_val``), the global
+  ``threshold`` and which gathered pairs the result ``accepted``."""
+
+  offsets: jax.Array
+  values: jax.Array
+  sent: jax.Array
+  all_off: jax.Array
+  all_val: jax.Array
+  threshold: jax.Array
+  accepted: jax.Array
+
+
+def local_selection(x, state: OkTopkState, step: _Step
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Step 1: ``(g, selected, local threshold)``: ``g = x + residual``, its entries at or
+  above the threshold, and the threshold's key (re-estimated, the k-th largest ``|g|``, on
+  estimation steps only: a cond, the same decision on every worker)."""
+  g = x + state.residual
+  # The keys are formed inside the branch and again for the comparison: passed to the cond,
+  # they would be written out whole (n int32) on every step, not fused into the comparison.
+  threshold = jax.lax.cond(step.estimate,
+                           lambda: topk.kth_largest(topk.keys(g)[None], step.k)[0],
+                           lambda: state.local_threshold)
+  return g, topk.keys(g) >= threshold, threshold
+
+
+def split_and_reduce(g, selected, boundaries, step: _Step, axis_name) -> _Reduced:
+  """Step 2: the ``selected`` entries of each region to its owner (``P - 1`` direct rounds),
+  and the owner's sum of what it received."""
+  table_off, table_val = _split_table(g, selected, boundaries, step.p, step.c)
+  # What is sent leaves the residual: zeros written over g at the sent offsets, in place
+  # (a mask of n and a pass over n cost more on XLA:CPU).
+  residual = g.at[table_off.reshape(-1)].set(0, mode="drop")
+  return _Reduced(residual, sparse_sum(*exchange(table_off, table_val, p=step.p,
+                                                 rank=step.rank, axis_name=axis_name)))
+
+
+def global_selection(union: Union, state: OkTopkState, step: _Step, axis_name) -> _Gathered:
+  """Step 3: each owner's sums at or above the global threshold (at most ``c``, the
+  largest), all-gathered (Bruck); the threshold re-estimated on its steps from everything
+  gathered (the same value everywhere, no extra round)."""
+  valid = union.offsets != INVALID
+  candidate = valid & (step.estimate | (topk.keys(union.sums) >= state.global_threshold))
+  send_off, send_val, sent = top_of_union(
+      Union(jnp.where(candidate, union.offsets, INVALID), union.sums, union.count), step.c)
+  rows = allgather(messages.pack(send_off[None], send_val[None]), axis_name)
+  all_off, all_val = messages.unpack(rows, step.c, union.sums.dtype)
+  all_keys = jnp.where(all_off != INVALID, topk.keys(all_val), 0)
+  threshold = jax.lax.cond(
+      step.estimate,
+      lambda: topk.kth_largest(all_keys.reshape(1, -1), min(step.k, step.p * step.c))[0],
+      lambda: state.global_threshold)
+  accepted = (all_off != INVALID) & (all_keys >= threshold)
+  return _Gathered(send_off, send_val, sent, all_off, all_val, threshold, accepted)
+
+
+def result_and_residual(reduced: _Reduced, gathered: _Gathered, step: _Step
+                        ) -> tuple[jax.Array, jax.Array]:
+  """Step 4: ``(y, residual)``: the mean of the accepted pairs, and the residual with what
+  this owner reduced or sent but the result does not hold taken back."""
+  n = reduced.residual.shape[0]
+  result_off = jnp.where(gathered.accepted, gathered.all_off, INVALID)
+  # Owners' regions are disjoint: each entry is one value, divided before it is placed (the
+  # same bits as dividing the dense result, without a pass over n).
+  y = densify(n, result_off, gathered.all_val / step.p, reduced.residual.dtype)
+  union = reduced.union
+  residual = reduced.residual.at[
+      jnp.where((union.offsets != INVALID) & ~gathered.sent, union.offsets, INVALID)].add(
+          union.sums, mode="drop")
+  mine = gathered.accepted[step.rank]
+  residual = residual.at[jnp.where((gathered.offsets != INVALID) & ~mine, gathered.offsets,
+                                   INVALID)].add(gathered.values, mode="drop")
+  return y, residual
+
+
 def oktopk_allreduce(x: jax.Array, state: OkTopkState, config: OkTopkConfig, *,
                      axis_name) -> tuple[jax.Array, OkTopkState]:
   """Mean over ``axis_name`` of the threshold-selected global sparse sum; inside shard_map.
@@ -152,46 +247,19 @@ def oktopk_allreduce(x: jax.Array, state: OkTopkState, config: OkTopkConfig, *,
   check_local("oktopk_allreduce", x, state.residual)
   p = jax.lax.axis_size(axis_name)
   n = x.shape[0]
-  k, c = capacity(p, n, config)
-  rank = jax.lax.axis_index(axis_name)
-  estimate = state.step % config.tau == 0
-  g = x + state.residual
-  keys = topk.keys(g)
-  local_threshold = jax.lax.cond(
-      estimate, lambda: topk.kth_largest(keys[None], k)[0], lambda: state.local_threshold)
-  table_off, table_val = _split_table(g, keys >= local_threshold, state.boundaries, p, c)
-  # What is sent leaves the residual: zeros written over g at the sent offsets, in place
-  # (a mask of n and a pass over n cost more on XLA:CPU).
-  residual = g.at[table_off.reshape(-1)].set(0, mode="drop")
-  union = sparse_sum(*exchange(table_off, table_val, p=p, rank=rank, axis_name=axis_name))
-  valid = union.offsets != INVALID
-  candidate = valid & (estimate | (topk.keys(union.sums) >= state.global_threshold))
-  send_off, send_val, sent = top_of_union(
-      Union(jnp.where(candidate, union.offsets, INVALID), union.sums, union.count), c)
-  rows = allgather(messages.pack(send_off[None], send_val[None]), axis_name)
-  all_off, all_val = messages.unpack(rows, c, x.dtype)
-  all_keys = jnp.where(all_off != INVALID, topk.keys(all_val), 0)
-  # Estimations and re-balancing run only on their steps (a cond, not a where: the same
-  # decision on every worker, and no selection or sort on the other steps).
-  global_threshold = jax.lax.cond(
-      estimate, lambda: topk.kth_largest(all_keys.reshape(1, -1), min(k, p * c))[0],
-      lambda: state.global_threshold)
-  accepted = (all_off != INVALID) & (all_keys >= global_threshold)
-  result_off = jnp.where(accepted, all_off, INVALID)
-  # Owners' regions are disjoint: each entry is one value, divided before it is placed (the
-  # same bits as dividing the dense result, without a pass over n).
-  y = densify(n, result_off, all_val / p, x.dtype)
-  # The owner takes back what its region reduced but the result does not hold.
-  residual = residual.at[jnp.where(valid & ~sent, union.offsets, INVALID)].add(
-      union.sums, mode="drop")
-  mine = accepted[rank]
-  residual = residual.at[jnp.where((send_off != INVALID) & ~mine, send_off, INVALID)].add(
-      send_val, mode="drop")
+  step = _Step(p, *capacity(p, n, config), jax.lax.axis_index(axis_name),
+               state.step % config.tau == 0)
+  g, selected, local_threshold = local_selection(x, state, step)
+  reduced = split_and_reduce(g, selected, state.boundaries, step, axis_name)
+  gathered = global_selection(reduced.union, state, step, axis_name)
+  y, residual = result_and_residual(reduced, gathered, step)
+  # Re-balancing runs only on its steps (a cond: no sort on the other steps).
   rebalance = (state.step + 1) % config.tau_regions == 0
-  boundaries = jax.lax.cond(
-      rebalance, lambda: _rebalanced(result_off.reshape(-1), n, p, state.boundaries),
-      lambda: state.boundaries)
-  return y, OkTopkState(residual, local_threshold, global_threshold, boundaries,
+  result_off = jnp.where(gathered.accepted, gathered.all_off, INVALID).reshape(-1)
+  boundaries = jax.lax.cond(rebalance,
+                            lambda: _rebalanced(result_off, n, p, state.boundaries),
+                            lambda: state.boundaries)
+  return y, OkTopkState(residual, local_threshold, gathered.threshold, boundaries,
                         state.step + 1)
 
 
