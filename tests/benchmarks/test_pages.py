@@ -134,6 +134,23 @@ def test_a_bench_report_re_renders_from_its_rows(path):
   assert bench.report(bench.kind_of(raw["args"]), raw["rows"]) in _read(path[:-5] + ".md")
 
 
+def _profile_raw():
+  """Every ``benchmarks.sync_profile --out`` file with the report it printed beside it."""
+  return _raw_with_table(lambda raw: "total_us" in raw and "stage" in raw["rows"][0])
+
+
+@pytest.mark.parametrize("path", _profile_raw(),
+                         ids=lambda p: os.path.relpath(p, RESULTS).replace(os.sep, "/"))
+def test_a_profile_report_re_renders_from_its_rows(path):
+  from benchmarks import sync_profile
+  raw = json.loads(_read(path))
+  args = raw["args"]
+  assert sync_profile.report(
+      args["method"], p=args["ranks"], n=args["n"], simulated=args["simulated"],
+      rows=[(r["stage"], r["module"], r["us"]) for r in raw["rows"]],
+      total=raw["total_us"]) in _read(path[:-5] + ".md")
+
+
 def _selection_gpu_tables():
   """The H200 section's tables as their JSON files render them (selection, per rank, the
   stages' two), and the per-rank rows."""
