@@ -151,6 +151,19 @@ def test_a_profile_report_re_renders_from_its_rows(path):
       total=raw["total_us"]) in _read(path[:-5] + ".md")
 
 
+def _per_rank_raw():
+  """Every ``benchmarks.per_rank --out`` file with its table beside it."""
+  return _raw_with_table(lambda raw: isinstance(raw.get("rows"), list) and bool(raw["rows"])
+                         and "one_rank_s" in raw["rows"][0])
+
+
+@pytest.mark.parametrize("path", _per_rank_raw(),
+                         ids=lambda p: os.path.relpath(p, RESULTS).replace(os.sep, "/"))
+def test_a_per_rank_table_re_renders_from_its_rows(path):
+  from benchmarks import per_rank
+  assert per_rank.table(json.loads(_read(path))["rows"]) in _read(path[:-5] + ".md")
+
+
 def _selection_gpu_tables():
   """The H200 section's tables as their JSON files render them (selection, per rank, the
   stages' two), and the per-rank rows."""
@@ -232,7 +245,7 @@ RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence|sca
 # Tables a page still types by hand (issue 45: each is rendered from raw outputs or measured
 # again; the count only falls). Every other table is rendered by the command in the comment
 # above it, or is a copy of a report a driver wrote beside its raw files.
-TYPED = {"adam.md": 2, "cpu_profile.md": 3, "network.md": 1, "outer.md": 1, "selection.md": 4,
+TYPED = {"adam.md": 2, "cpu_profile.md": 3, "network.md": 1, "outer.md": 1, "selection.md": 3,
          "sync_methods.md": 1, "training.md": 4}
 
 
