@@ -10,8 +10,10 @@ message of the step before plus its residual, cut to the entries the sync's leve
 (what it would deliver if every device held the same). Taking the gradient at
 ``x_t + after.update(that estimate)`` puts it where it will be applied whenever the estimate
 is right (exactly for a dense sync and equal gradients), so the step keeps the undelayed
-step's stability; what still lags is the devices' disagreement. The parameters stay
-replicated: the look-ahead is a point each device evaluates its loss at, never stored.
+step's stability; what still lags is the devices' disagreement. The parameters keep their
+layout (replicated over the data axis, sharded over a model axis as they were, the estimate
+made on each device's shards): the look-ahead is a point each device evaluates its loss at,
+never stored.
 """
 
 from __future__ import annotations
