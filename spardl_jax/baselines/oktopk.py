@@ -162,16 +162,15 @@ class _Reduced(NamedTuple):
 
 class _Gathered(NamedTuple):
   """Step 3's result: what this owner sent (``offsets``, ``values``, the union slots it
-  ``sent``), every owner's ``(P, c)`` pairs (``all_off``, ``all_val``), the global
-  ``threshold`` and which gathered pairs the result ``accepted``."""
+  ``sent``), every owner's ``(P, c)`` gathered values ``all_val`` and the offsets of those the
+  result holds (``result``, INVALID for the rest), and the global ``threshold``."""
 
   offsets: jax.Array
   values: jax.Array
   sent: jax.Array
-  all_off: jax.Array
   all_val: jax.Array
+  result: jax.Array
   threshold: jax.Array
-  accepted: jax.Array
 
 
 def local_selection(x, state: OkTopkState, step: _Step
@@ -215,7 +214,8 @@ def global_selection(union: Union, state: OkTopkState, step: _Step, axis_name) -
       lambda: topk.kth_largest(all_keys.reshape(1, -1), min(step.k, step.p * step.c))[0],
       lambda: state.global_threshold)
   accepted = (all_off != INVALID) & (all_keys >= threshold)
-  return _Gathered(send_off, send_val, sent, all_off, all_val, threshold, accepted)
+  return _Gathered(send_off, send_val, sent, all_val, jnp.where(accepted, all_off, INVALID),
+                   threshold)
 
 
 def result_and_residual(reduced: _Reduced, gathered: _Gathered, step: _Step
@@ -223,15 +223,14 @@ def result_and_residual(reduced: _Reduced, gathered: _Gathered, step: _Step
   """Step 4: ``(y, residual)``: the mean of the accepted pairs, and the residual with what
   this owner reduced or sent but the result does not hold taken back."""
   n = reduced.residual.shape[0]
-  result_off = jnp.where(gathered.accepted, gathered.all_off, INVALID)
   # Owners' regions are disjoint: each entry is one value, divided before it is placed (the
   # same bits as dividing the dense result, without a pass over n).
-  y = densify(n, result_off, gathered.all_val / step.p, reduced.residual.dtype)
+  y = densify(n, gathered.result, gathered.all_val / step.p, reduced.residual.dtype)
   union = reduced.union
   residual = reduced.residual.at[
       jnp.where((union.offsets != INVALID) & ~gathered.sent, union.offsets, INVALID)].add(
           union.sums, mode="drop")
-  mine = gathered.accepted[step.rank]
+  mine = gathered.result[step.rank] != INVALID
   residual = residual.at[jnp.where((gathered.offsets != INVALID) & ~mine, gathered.offsets,
                                    INVALID)].add(gathered.values, mode="drop")
   return y, residual
@@ -255,9 +254,9 @@ def oktopk_allreduce(x: jax.Array, state: OkTopkState, config: OkTopkConfig, *,
   y, residual = result_and_residual(reduced, gathered, step)
   # Re-balancing runs only on its steps (a cond: no sort on the other steps).
   rebalance = (state.step + 1) % config.tau_regions == 0
-  result_off = jnp.where(gathered.accepted, gathered.all_off, INVALID).reshape(-1)
   boundaries = jax.lax.cond(rebalance,
-                            lambda: _rebalanced(result_off, n, p, state.boundaries),
+                            lambda: _rebalanced(gathered.result.reshape(-1), n, p,
+                                                state.boundaries),
                             lambda: state.boundaries)
   return y, OkTopkState(residual, local_threshold, gathered.threshold, boundaries,
                         state.step + 1)
