@@ -62,7 +62,7 @@ def variants(batch):
     return jax.tree.map(lambda p, g: p - 0.05 * g, params, grads), state, loss
 
   out[DENSE] = (dense, place(mesh2, TENSOR), None,
-                                       jax.device_put(batch, NamedSharding(mesh2, P("data"))))
+                jax.device_put(batch, NamedSharding(mesh2, P("data"))))
   return out
 
 

@@ -18,7 +18,6 @@ what is compressed is the momentum, not the gradient.
 
 from __future__ import annotations
 
-
 import typing
 from typing import Any, Literal, NamedTuple
 
@@ -231,7 +230,7 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     >>> mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])
     >>> tx = optax.chain(
     ...     sj.adam.scale_by_synced_adam(sj.spardl(density=0.01, warmup_steps=100),
-    ...                             freeze_step=100),
+    ...                                  freeze_step=100),
     ...     optax.add_decayed_weights(0.01), optax.scale_by_learning_rate(1e-3))
     >>> state = sj.init_opt_state(tx, {"w": jnp.zeros((100, 10))}, mesh)
     >>> state[0].sync.method_state.residual.shape
