@@ -20,10 +20,10 @@ from spardl_jax.sync.stages import init_local, update_local
 from spardl_jax.sync.sync_options import SyncOptions
 from spardl_jax.sync.state import SyncState
 
-__all__ = ['init', 'update', 'local_specs']
+__all__ = ['init', 'update', 'on_local_shards']
 
 
-def local_specs(options: SyncOptions, tree, axes, who: str, given):
+def _local_specs(options: SyncOptions, tree, axes, who: str, given):
   """Each leaf's spec over the mesh (a list) and over the ``axes`` the sync must open
   itself (a tree, for ``shard_map``); a clear error where it cannot know them."""
   mesh = jax.sharding.get_abstract_mesh()
@@ -57,7 +57,7 @@ def init(options: SyncOptions, params) -> SyncState:
     return init_local(options, params, LeafSpecs(params=given))
   rows = (device_spec(axes, options.axis_name) if options.axis_name in axes
           else PartitionSpec(axes))
-  specs, over = local_specs(options, params, axes, "init", given)
+  specs, over = _local_specs(options, params, axes, "init", given)
   return jax.shard_map(functools.partial(init_local, options, where=LeafSpecs(specs, given)),
                        in_specs=(over,), out_specs=rows, axis_names=set(axes),
                        check_vma=False)(params)
@@ -71,12 +71,25 @@ def update(options: SyncOptions, updates, state, param_specs=None, batch_axes=No
   check_batch_axes(options, batch_axes)
   given = options.given_specs(param_specs, "tx.update's param_specs (data_parallel_step "
                               "passes the arrays' layout there)", "sync_gradients: update")
+  return on_local_shards(
+      options, lambda tree, local, where: update_local(options, tree, local, where,
+                                                       next_message),
+      updates, state, given=given, who="update", returns_state=True)
+
+
+def on_local_shards(options: SyncOptions, local, tree, state, *, given, who: str,
+                    returns_state: bool):
+  """``local(tree, state, where)`` on this device's shards of ``tree`` (like the parameters)
+  and rows of ``state`` (the sync's): itself where every axis the sync needs is bound, else
+  in a ``shard_map`` over the mesh axes a partial-auto one left open, ``where`` saying how
+  the leaves lie. ``local`` returns a tree like ``tree``, or ``(tree, state)`` with
+  ``returns_state``; ``given`` are the parameters' specs from a door, ``who`` names the
+  caller in errors."""
   axes = free_axes(options.axis_name)
   if not axes:
-    return update_local(options, updates, state, LeafSpecs(params=given), next_message)
-  specs, over = local_specs(options, updates, axes, "update", given)
+    return local(tree, state, LeafSpecs(params=given))
+  specs, over = _local_specs(options, tree, axes, who, given)
   rows = jax.tree.map(lambda _: PartitionSpec(axes), state)
-  return jax.shard_map(functools.partial(update_local, options, where=LeafSpecs(specs, given),
-                                         next_message=next_message),
-                       in_specs=(over, rows), out_specs=(over, rows), axis_names=set(axes),
-                       check_vma=False)(updates, state)
+  return jax.shard_map(functools.partial(local, where=LeafSpecs(specs, given)),
+                       in_specs=(over, rows), out_specs=(over, rows) if returns_state else over,
+                       axis_names=set(axes), check_vma=False)(tree, state)

@@ -18,18 +18,16 @@ never stored.
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import PartitionSpec
 
 from spardl_jax.core import protocol, topk
 from spardl_jax.core.allreduce import axis_size
 from spardl_jax.sync import entries, flat_layout, levels, methods, stages, transform
-from spardl_jax.sync.flat_layout import LeafSpecs, free_axes
+from spardl_jax.sync.flat_layout import LeafSpecs
 from spardl_jax.sync.specs import context_specs
 from spardl_jax.sync.point import moves_the_point
 from spardl_jax.sync.state import SyncState
@@ -145,18 +143,12 @@ def predicted_delivery(sync: optax.GradientTransformation, state: SyncState, par
       or state.pending is None):
     raise ValueError("predicted_delivery: sync must be a sync_gradients(..., delay=1) and "
                      "state its SyncState.")
-  # As the sync's own update does (spardl_jax.sync.entries): on local shards, in a shard_map
-  # over the mesh axes a partial-auto one left open (a model axis).
+  # On this device's shards, as the sync's own update runs (a model axis left open).
   given = options.given_specs(context_specs(), "use_param_specs (data_parallel_step passes "
                               "the arrays' layout there)", "lookahead_params")
-  axes = free_axes(options.axis_name)
-  if not axes:
-    return _predicted_local(options, state, params, LeafSpecs(params=given))
-  specs, over = entries.local_specs(options, params, axes, "lookahead_params", given)
-  rows = jax.tree.map(lambda _: PartitionSpec(axes), state)
-  local = functools.partial(_predicted_local, options, where=LeafSpecs(specs, given))
-  return jax.shard_map(local, in_specs=(rows, over), out_specs=over, axis_names=set(axes),
-                       check_vma=False)(state, params)
+  return entries.on_local_shards(
+      options, lambda tree, local, where: _predicted_local(options, local, tree, where),
+      params, state, given=given, who="lookahead_params", returns_state=False)
 
 
 def _predicted_local(options, state: SyncState, params, where: LeafSpecs):
