@@ -151,19 +151,6 @@ def test_a_profile_report_re_renders_from_its_rows(path):
       total=raw["total_us"]) in _read(path[:-5] + ".md")
 
 
-def _per_rank_raw():
-  """Every ``benchmarks.per_rank --out`` file with its table beside it."""
-  return _raw_with_table(lambda raw: isinstance(raw.get("rows"), list) and bool(raw["rows"])
-                         and "one_rank_s" in raw["rows"][0])
-
-
-@pytest.mark.parametrize("path", _per_rank_raw(),
-                         ids=lambda p: os.path.relpath(p, RESULTS).replace(os.sep, "/"))
-def test_a_per_rank_table_re_renders_from_its_rows(path):
-  from benchmarks import per_rank
-  assert per_rank.table(json.loads(_read(path))["rows"]) in _read(path[:-5] + ".md")
-
-
 def _selection_gpu_tables():
   """The H200 section's tables as their JSON files render them (selection, per rank, the
   stages' two), and the per-rank rows."""
@@ -185,9 +172,11 @@ def _selection_gpu_tables():
           for mine in rendered], ranks
 
 
-# The drivers that write rows and their table (``runs.write_rows``), each known by the fields
-# of its rows: ``benchmarks.step_time``'s, ``benchmarks.sharded_step``'s.
-ROW_DRIVERS = {"step_time": {"step_s", "params"}, "sharded_step": {"step_s", "permuted"}}
+# The drivers whose raw files hold rows beside their table, each known by the fields of its
+# rows, with the function that renders them.
+ROW_DRIVERS = {"step_time": ({"step_s", "params"}, "format_table"),
+               "sharded_step": ({"step_s", "permuted"}, "format_table"),
+               "per_rank": ({"one_rank_s"}, "table")}
 
 
 def _driver_raw():
@@ -196,8 +185,8 @@ def _driver_raw():
   def driver(raw):
     rows = raw.get("rows")
     if isinstance(rows, list) and rows and isinstance(rows[0], dict):
-      return next((name for name, fields in ROW_DRIVERS.items() if fields <= set(rows[0])),
-                  None)
+      return next((name for name, (fields, _) in ROW_DRIVERS.items()
+                   if fields <= set(rows[0])), None)
     return None
   return [(path, driver(json.loads(_read(path)))) for path in _raw_with_table(driver)]
 
@@ -207,7 +196,7 @@ def _driver_raw():
                          if os.sep in str(p) else str(p))
 def test_a_driver_report_re_renders_from_its_rows(path, driver):
   import importlib
-  table = importlib.import_module(f"benchmarks.{driver}").format_table
+  table = getattr(importlib.import_module(f"benchmarks.{driver}"), ROW_DRIVERS[driver][1])
   assert table(json.loads(_read(path))["rows"]) in _read(path[:-5] + ".md")
 
 
