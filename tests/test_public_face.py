@@ -92,11 +92,10 @@ def test_the_face_check_sees_each_way_past():
 
 
 def _doc_blocks():
-  import re
-  import textwrap
+  from tests.test_readme import _blocks  # every Python block of a page, as it runs them
   for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-    for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), re.S)):
-      yield f"{path.name} block {i}", textwrap.dedent(block)
+    for i, block in enumerate(_blocks(str(path))):
+      yield f"{path.name} block {i}", block
 
 
 def test_every_doc_program_and_flax_user_program_uses_only_the_public_face():
