@@ -165,6 +165,13 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
       **{f"vectors_{d}": Variant(f"recipe at {d} %, compact wire, 1-D leaves dense", "spardl",
                                  {"density": d / 100}, recipe._replace(dense_leaves="vectors"))
          for d in (4, 5)},
+      # Each leaf scaled to the vector's size before the top-k, so that none is starved
+      # (sync_gradients' balance), beside "vectors" and "vectors_5".
+      "balanced": sparse("recipe, 1-D leaves dense, leaves balanced",
+                         recipe._replace(dense_leaves="vectors", balance="leaves")),
+      "balanced_5": Variant("recipe at 5 %, compact wire, 1-D leaves dense, leaves balanced",
+                            "spardl", {"density": 0.05},
+                            recipe._replace(dense_leaves="vectors", balance="leaves")),
       "local_vectors": sparse("each device's Adam step synced, 1-D leaves dense",
                               {"outer": 1, "outer_lr": 1.0, "outer_momentum": 0.0,
                                "dense_leaves": "vectors"}),
@@ -191,7 +198,7 @@ ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced",
              "powersgd")
 # The nanoGPT case's mechanisms, each beside today's recipe, and the competitors.
 NANOGPT_KEYS = ("dense", "recipe", "vectors", "local", "local_vectors", "recipe_2",
-                "vectors_2", "vectors_4", "vectors_5", "paper", "topka", "powersgd",
+                "vectors_2", "vectors_4", "vectors_5", "balanced", "balanced_5", "paper", "topka", "powersgd",
                 "dense_bf16")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)

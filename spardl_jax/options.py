@@ -6,5 +6,6 @@ errors; and :class:`DensityRule`, the type of a ``density=`` that follows the de
 from spardl_jax.core.config import RESIDUAL_MODES, SAG_MODES, WIRE_FORMATS
 from spardl_jax.sync.adam import SECOND_MOMENTS, SENDS
 from spardl_jax.sync.density import DensityRule
+from spardl_jax.sync.sync_options import BALANCES
 
-__all__ = ['DensityRule', 'RESIDUAL_MODES', 'SAG_MODES', 'SECOND_MOMENTS', 'SENDS', 'WIRE_FORMATS']
+__all__ = ['BALANCES', 'DensityRule', 'RESIDUAL_MODES', 'SAG_MODES', 'SECOND_MOMENTS', 'SENDS', 'WIRE_FORMATS']

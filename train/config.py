@@ -67,6 +67,7 @@ class Tuning(NamedTuple):
   dense_leaves: str | None = None    # leaves averaged densely outside the method: "vectors" or N entries
   delay: int | None = None           # 1: each step syncs the last step's gradient (overlap)
   lookahead: float | None = None     # with delay=1: the gradient taken ahead, by this fraction
+  balance: str | None = None         # "leaves": each leaf scaled to the vector's size before top-k
 
   def given(self) -> dict[str, Any]:
     """The keys set, by name."""
@@ -100,7 +101,9 @@ TUNING: dict[str, Rule] = {
     "dense_leaves": Rule(str, "'vectors' or an int N >= 1 (leaves of fewer than N entries)",
                          lambda v: v == "vectors" or (v.isdigit() and int(v) >= 1)),
     "delay": Rule(int, "0 or 1", lambda v: v in (0, 1)),
-    "lookahead": Rule(float, "in [0, 1]", lambda v: 0 <= v <= 1)}
+    "lookahead": Rule(float, "in [0, 1]", lambda v: 0 <= v <= 1),
+    "balance": Rule(str, " or ".join(map(repr, sj.options.BALANCES)),
+                    lambda v: v in sj.options.BALANCES)}
 assert tuple(TUNING) == Tuning._fields, "a rule for every tuning key"
 
 

@@ -160,6 +160,9 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     during the next step's compute (``sync_gradients``' ``delay``); with ``lookahead=F`` the
     step takes its gradient ahead, by the fraction F of each device's estimate of the sync
     in flight (:func:`spardl_jax.lookahead`'s ``scale``);
+  * ``balance=leaves``: each leaf scaled to the vector's size before the method selects,
+    so that a global top-k does not starve the leaves of small gradients
+    (``sync_gradients``' ``balance``);
   * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
     with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop.
 
@@ -213,6 +216,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
                                     else int(tuning.dense_leaves))
   if tuning.delay:
     sync_options["delay"] = tuning.delay
+  if tuning.balance:
+    sync_options["balance"] = tuning.balance
   if tuning.synced:
     return clipped(sj.synced_adamw(
         lr, warmup_steps=warmup, method=variant.method, b1=momentum, b2=cfg.adam_b2,

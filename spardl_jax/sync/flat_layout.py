@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from spardl_jax.core import flat as flat_vector
 from spardl_jax.core.allreduce import axis_size, bound_axes
@@ -151,6 +152,29 @@ class FlatLayout(NamedTuple):
       parts.append(vec)
     vec = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
     return vec if self.local_axis is None else _scatter_mean(vec, self.local_axis)
+
+  def leaf_ids(self, sizes) -> jax.Array:
+    """For each entry of the vector :meth:`flatten` makes on this device, the index of its
+    leaf (among the leaves of ``sizes`` entries each, as ``flatten`` takes them), or
+    ``len(sizes)`` for padding: worked out from the positions (a slice's start is this
+    device's index on the group's axes), so no vector of ``n`` constants enters the
+    program."""
+    padding = len(sizes)
+    parts = []
+    for group in self.groups:
+      ends = np.cumsum([sizes[i] for i in group.leaves])
+      at = jnp.arange(group.chunk, dtype=jnp.int32)
+      if group.axes:
+        at = at + jax.lax.axis_index(group.axes) * group.chunk
+      owner = jnp.asarray((*group.leaves, padding), jnp.int32)
+      parts.append(owner[jnp.searchsorted(ends, at, side="right")])
+    ids = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
+    if self.local_axis is None:
+      return ids
+    n = self.n  # this device's slice of the host's vector (_scatter_mean's)
+    ids = jnp.pad(ids, (0, n * jax.lax.axis_size(self.local_axis) - ids.size),
+                  constant_values=padding)
+    return jax.lax.dynamic_slice(ids, (jax.lax.axis_index(self.local_axis) * n,), (n,))
 
   def unflatten(self, y: jax.Array, floats) -> list:
     """The synced ``(n,)`` vector ``y`` cut back into the float leaves, in their dtypes."""

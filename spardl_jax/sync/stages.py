@@ -39,7 +39,8 @@ from spardl_jax.sync.state import LeafShapes, Pending, SyncState, SyncStats
 from spardl_jax.sync.sync_options import SyncOptions
 
 __all__ = ['init_local', 'update_local', 'check_state',
-           'local_gradient', 'run_level', 'agree_on_nonfinite', 'next_stats',
+           'local_gradient', 'leaf_scales', 'balanced_level', 'run_level',
+           'agree_on_nonfinite', 'next_stats',
            'level_starts', 'level_index', 'UNORDERED_COLLECTIVES',
            'waits_for_gradient', 'message_size', 'unpack', 'hold', 'Local', 'LevelRun',
            'Agreed']
@@ -47,14 +48,15 @@ __all__ = ['init_local', 'update_local', 'check_state',
 
 class Trace(NamedTuple):
   """What an update's gradients fix at trace time: their float leaves' shapes, the flat
-  layout, the promoted dtype, the levels bound to those leaves, and the devices ``p`` on
-  the data axis."""
+  layout, the promoted dtype, the levels bound to those leaves, the devices ``p`` on
+  the data axis, and the ``sizes`` of the leaves the method syncs."""
 
   leaves: LeafShapes
   layout: FlatLayout
   dtype: Any
   levels: tuple[levels.Level, ...]
   p: int
+  sizes: tuple[int, ...]
 
 
 class Local(NamedTuple):
@@ -164,6 +166,11 @@ def init_local(options: SyncOptions, params, where: LeafSpecs = NO_SPECS) -> Syn
                      f"error feedback, but {options.method!r} keeps none; use a method with "
                      f"a residual (spardl, topka, sparseloco, powersgd, ...) or drop "
                      f"residual_decay.")
+  if options.balance is not None and protocol.residual(fresh) is None:
+    raise ValueError(f"sync_gradients: balance={options.balance!r} scales the leaves a "
+                     f"sparse method selects among, but {options.method!r} keeps no "
+                     f"residual (it selects nothing or loses what it leaves); use a method "
+                     f"with a residual (spardl, topka, sparseloco, ...) or drop balance.")
   return SyncState(jax.tree.map(rows, fresh), velocity,
                    jnp.zeros((lead,), jnp.int32), SyncStats.zeros(lead), _shapes(split.floats),
                    pending)
@@ -246,6 +253,56 @@ def _run_one(options: SyncOptions, trace: Trace, level: levels.Level, given: Lev
                                           rank=jax.lax.axis_index(axis_name))
   return LevelRun(y, local, jnp.asarray(bytes_sent, jnp.float32), jnp.asarray(h, jnp.int32),
                   index, before)
+
+
+def leaf_scales(options: SyncOptions, layout: FlatLayout, x, sizes) -> jax.Array:
+  """Stage 2b (``balance="leaves"``): the power of two each entry of ``x`` is scaled by
+  before the method selects, the same for a whole leaf (of the ``sizes``, as ``layout``
+  flattens them) and on every device of the data axes: the one nearest to the ratio of
+  the vector's root mean square to the leaf's, both over the devices' ``x`` (one all-reduce
+  of two numbers a leaf). Under Adam every coordinate moves by about the learning rate
+  whatever its gradient's size, and a leaf whose gradients are a tenth of the others' is
+  starved by one top-k over the whole vector; scaled, each leaf competes at the same size.
+  A power of two, so that scaling and unscaling are exact and the books stay exact; a leaf
+  of zeros or non-finite values is not scaled (the guard skips the latter's step)."""
+  ids = layout.leaf_ids(sizes)
+  count = len(sizes)
+  squares = jax.ops.segment_sum(jnp.square(x.astype(jnp.float32)), ids, count + 1)
+  entries = jax.ops.segment_sum(jnp.ones(x.shape, jnp.float32), ids, count + 1)
+  totals = jax.lax.psum(jnp.stack([squares[:count], entries[:count]]), options.data_axes)
+  overall = jnp.sum(totals[0]) / jnp.sum(totals[1])
+  ratio = 0.5 * jnp.log2(overall / (totals[0] / jnp.maximum(totals[1], 1.0)))
+  limit = jnp.finfo(x.dtype).maxexp // 4  # room left for a residual larger than its leaf
+  exponent = jnp.where(jnp.isfinite(ratio), jnp.clip(jnp.round(ratio), -limit, limit), 0.0)
+  exponent = jnp.append(exponent.astype(jnp.int32), 0)  # the padding's
+  # 2**e built from its bits: exact, where exp2 may round.
+  scale = jax.lax.bitcast_convert_type((exponent + 127) << 23, jnp.float32).astype(x.dtype)
+  return scale[ids]
+
+
+def balance_entries(sizes) -> int:
+  """Entries of :func:`leaf_scales`' all-reduce: two per leaf."""
+  return 2 * len(sizes)
+
+
+def _scaled_residual(local, times):
+  owed = protocol.residual(local)
+  return local if owed is None else local._replace(residual=times(owed).astype(owed.dtype))
+
+
+def balanced_level(options: SyncOptions, trace: Trace, prepared: Local, local, count
+                   ) -> LevelRun:
+  """Stage 3 with ``balance``: the level runs on ``x`` and the residual scaled leaf by leaf
+  (:func:`leaf_scales`), and its result, residual and the state a skipped step keeps are
+  scaled back, so everything outside the method stays in the gradient's units."""
+  if options.balance is None:
+    return run_level(options, trace, prepared.x, local, count)
+  scale = leaf_scales(options, trace.layout, prepared.x, trace.sizes)
+  run = run_level(options, trace, prepared.x * scale,
+                  _scaled_residual(local, lambda e: e * scale), count)
+  back = functools.partial(_scaled_residual, times=lambda e: e / scale)
+  return run._replace(y=(run.y / scale).astype(run.y.dtype), state=back(run.state),
+                      before=back(run.before))
 
 
 def level_starts(levels_) -> np.ndarray:
@@ -339,7 +396,7 @@ def update_local(options: SyncOptions, updates, state, where: LeafSpecs = NO_SPE
   layout, kept = split.layout, split.kept
   trace = Trace(_shapes(split.floats), layout, split.dtype,
                 tuple(levels.bind(list(options.levels), [x.shape for x in split.method], p)),
-                p)
+                p, tuple(x.size for x in split.method))
   local = check_state(options, state, trace)
   if options.delay:
     message = state.pending.message[0]
@@ -349,15 +406,18 @@ def update_local(options: SyncOptions, updates, state, where: LeafSpecs = NO_SPE
   else:
     x = layout.flatten(split.method, split.dtype)
   prepared = local_gradient(options, x, kept, state.velocity, trace.p)
-  run = run_level(options, trace, prepared.x, local, state.count[0])
+  run = balanced_level(options, trace, prepared, local, state.count[0])
   if prepared.dense:  # the dense leaves: one pmean of their concatenation (one all-reduce)
     prepared = prepared._replace(means=(jax.lax.pmean(
         flat_vector.concat(prepared.dense, split.dtype), options.data_axes),))
   agreed = agree_on_nonfinite(options, trace, prepared, run, state.velocity)
+  stats = next_stats(trace, agreed, state.stats)
+  if options.balance is not None:  # leaf_scales' all-reduce
+    stats = stats._replace(bytes_sent=stats.bytes_sent + dense_bytes(
+        trace.p, balance_entries(trace.sizes), np.dtype(np.float32).itemsize))
   new_state = SyncState(jax.tree.map(lambda a: a[None], agreed.run.state),
                         None if agreed.velocity is None else agreed.velocity[None],
-                        state.count + 1, next_stats(trace, agreed, state.stats),
-                        state.leaves, state.pending)
+                        state.count + 1, stats, state.leaves, state.pending)
   synced = merge_float_leaves(split.dense, layout.unflatten(agreed.run.y, split.method),
                               flat_vector.split(agreed.means[0], kept) if agreed.means else [])
   if options.delay:

@@ -13,7 +13,7 @@ from spardl_jax.core.nonfinite import NonFinite
 from spardl_jax.sync import levels
 from spardl_jax.sync.specs import check_same_specs, check_spec_tree
 
-__all__ = ['SyncOptions', 'check_dense_leaves']
+__all__ = ['SyncOptions', 'check_dense_leaves', 'BALANCES']
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -34,6 +34,7 @@ class SyncOptions:
   residual_decay: float | None = None
   dense_leaves: Any = None
   delay: int = 0
+  balance: str | None = None
 
   def __post_init__(self):
     who = "sync_gradients"
@@ -42,6 +43,10 @@ class SyncOptions:
       raise ValueError(f"sync_gradients: delay must be 0 (each step's own gradient) or 1 "
                        f"(each step sends the last step's gradient), got {self.delay!r}.")
     check_dense_leaves(self.dense_leaves)
+    if self.balance is not None and self.balance not in BALANCES:
+      raise ValueError(f"{who}: balance must be None (one selection over the whole vector) or "
+                       f"{' or '.join(map(repr, BALANCES))} (each leaf scaled to the "
+                       f"vector's size first), got {self.balance!r}.")
     if self.dense_leaves is not None and self.momentum is not None:
       raise ValueError(f"{who}: dense_leaves={self.dense_leaves!r} with momentum="
                        f"{self.momentum}: DGC's momentum correction keeps one velocity for "
@@ -100,6 +105,10 @@ class SyncOptions:
       check_same_specs(self.param_specs, door, door_name, who)
     return self.param_specs
 
+
+# What ``balance`` may scale each entry by before a method selects among them: its leaf's
+# power of two (stages.leaf_scales).
+BALANCES = ("leaves",)
 
 DENSE_LEAVES = ("vectors", "an int N (leaves of fewer than N entries)",
                 "a callable taking a leaf's shape and returning True to keep it dense")

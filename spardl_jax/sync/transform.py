@@ -30,7 +30,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    momentum_masking: bool = True, clip_norm: float | None = None,
                    residual_decay: float | None = None, param_specs=None,
                    local_axis: str | None = None, dense_leaves=None, delay: int = 0,
-                   **options) -> optax.GradientTransformationExtraArgs:
+                   balance: str | None = None, **options) -> optax.GradientTransformationExtraArgs:
   """Synchronizes gradients across ``axis_name`` with the all-reduce ``method``.
 
   ``update`` must run inside ``jax.shard_map`` over ``axis_name`` with the local gradient
@@ -79,6 +79,15 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     gradient's size, so a bias or a norm scale that a global top-k rarely picks is starved;
     these leaves are a few per cent of a transformer's entries. Their bytes (the ring
     all-reduce's) count in :class:`SyncStats`; they keep no residual. Not with ``momentum``.
+
+  * ``balance="leaves"``: before the method selects, each leaf is scaled by the power of two
+    nearest to the ratio of the whole vector's root mean square to the leaf's (over every
+    device's gradient, one all-reduce of two numbers a leaf, counted in
+    :class:`SyncStats`), and the result and the residual are scaled back: one top-k over
+    the vector then takes from every leaf about its share of entries instead of starving
+    the leaves whose gradients are small (which Adam, moving every coordinate by about the
+    learning rate, would have moved as far as any). Powers of two keep the books exact; the
+    residual is kept in the gradient's units. For a method with a residual (a sparse one).
 
   **Delayed sync** (``delay=1``): each step sends the gradient the last step left and keeps
   its own for the next, so the update applied at step ``t`` is the sync of step ``t - 1``'s
@@ -149,6 +158,8 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     dense_leaves: None, ``"vectors"``, an int or a callable: the leaves averaged densely
       outside the method (see above).
     delay: 0, or 1 for the delayed sync (above).
+    balance: None, or ``"leaves"``: each leaf scaled to the vector's size before the method
+      selects (above).
     param_specs: the parameters' ``PartitionSpec`` s over the mesh (a pytree of the
       parameters' structure), needed only where the sync cannot read them: in a
       ``shard_map`` over every axis (it sees local shards), in a partial-auto ``shard_map``
@@ -183,7 +194,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
       axis_name=axis_name, axis_size=axis_size, nonfinite=nonfinite, momentum=momentum,
       momentum_masking=momentum_masking, clip_norm=clip_norm, param_specs=param_specs,
       local_axis=local_axis, residual_decay=residual_decay, dense_leaves=dense_leaves,
-      delay=delay)
+      delay=delay, balance=balance)
 
   def init_fn(params):
     return entries.init(config, params)
