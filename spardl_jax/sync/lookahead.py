@@ -133,7 +133,8 @@ def predicted_delivery(sync: optax.GradientTransformation, state: SyncState, par
 
   On the method's vector: the held message plus the method's residual where it keeps one
   (``(1, n)``), and for a sparse level the entries of the largest magnitudes only, as many
-  as the level's density keeps (``max(1, round(density * n))``; ties kept) — the level the
+  as the level's density keeps (``max(1, round(density * n))``; ties kept; with ``balance``
+  ranked on the vector scaled leaf by leaf, as the sync scales it) — the level the
   count of syncs selects, as the sync will. The dense leaves (``dense_leaves``) are their
   held values. A non-sparse level (the dense warm-up, ``dense``, PowerSGD) keeps every
   entry.
@@ -158,7 +159,7 @@ def _predicted_local(options, state: SyncState, params, where: LeafSpecs):
   leaves, treedef = jax.tree.flatten(params)
   split = flat_layout.split_leaves(options, params, where)
   vec, kept = stages.unpack(pending.message[0], split.layout.n, split.kept)
-  vec = _kept_by_the_level(options, state, vec, [x.shape for x in split.method])
+  vec = _kept_by_the_level(options, state, vec, split)
   estimate = flat_layout.merge_float_leaves(
       split.dense, split.layout.unflatten(vec, split.method), kept)
   held = pending.held[0]
@@ -167,13 +168,18 @@ def _predicted_local(options, state: SyncState, params, where: LeafSpecs):
   return flat_layout.with_float_leaves(treedef, leaves, estimate, other=jnp.zeros_like)
 
 
-def _kept_by_the_level(options, state: SyncState, vec, shapes):
-  """``vec`` plus the residual, cut to the entries the next sync's level keeps."""
+def _kept_by_the_level(options, state: SyncState, vec, split: flat_layout.Leaves):
+  """``vec`` plus the residual, cut to the entries the next sync's level keeps (ranked,
+  with ``balance``, on the vector scaled leaf by leaf as the sync will scale it)."""
   residual = protocol.residual(state.method_state)
   if residual is not None and residual.shape == (1, *vec.shape):
     vec = vec + residual[0].astype(vec.dtype)
   p = axis_size(options.axis_name, who="lookahead_params")
-  bound = levels.bind(list(options.levels), shapes, p)
+  bound = levels.bind(list(options.levels), [x.shape for x in split.method], p)
+  ranked = vec
+  if options.balance is not None:
+    ranked = vec * stages.leaf_scales(options, split.layout, vec,
+                                      [x.size for x in split.method])
 
   def cut(level):
     if level.dense or not methods.is_sparse(level.allreduce.name) or level.density >= 1:
@@ -181,7 +187,7 @@ def _kept_by_the_level(options, state: SyncState, vec, shapes):
     k = max(1, round(level.density * vec.size))
 
     def largest(v):
-      keys = topk.keys(v)
+      keys = topk.keys(ranked)
       return jnp.where(keys >= topk.kth_largest(keys[None], k)[0], v, jnp.zeros_like(v))
     return largest
 

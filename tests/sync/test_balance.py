@@ -18,6 +18,7 @@ import spardl_jax as sj
 from spardl_jax.sync.flat_layout import FlatLayout
 from spardl_jax.tools import traffic
 from tests import formulas, harness, reference
+from tests.sync.test_lookahead import run
 
 # Leaves whose gradients differ in size by up to 2**12: one top-k over the whole vector
 # would take nothing from "tiny".
@@ -115,6 +116,32 @@ def test_with_synced_adamw_every_leaf_moves():
   for _ in range(3):  # past the dense warm-up
     updates, state = f(harness.put_rows(p, grads_of(rng, p)), state)
   assert np.count_nonzero(updates["tiny"]) > 0
+
+
+def test_a_look_ahead_ranks_its_estimate_as_the_balanced_sync_will():
+  """A delayed balanced sync looked ahead by 1 under SGD at rate 1, on a linear loss whose
+  gradient is each device's batch row: at step 1 device i's point is minus its held
+  gradient cut to the round(0.25 * 12) = 3 entries largest once scaled leaf by leaf (the
+  scales from every device's gradient, as the sync computes them)."""
+  p, k = 4, 3
+  params = {"a": jnp.zeros(6), "b": jnp.zeros(6)}
+  rng = np.random.default_rng(4)
+  data = (rng.standard_normal((p, 12)) * np.repeat([1.0, 2.0 ** -6], 6)).astype(np.float32)
+  tx = sj.lookahead(sj.spardl(density=0.25, delay=1, balance="leaves", wire="exact"),
+                    optax.sgd(1.0), scale=1.0)
+
+  def linear(params, batch):
+    return jnp.concatenate([params["a"], params["b"]]) @ batch
+
+  steps = list(run(tx, p, params, data, linear, 2))
+  points = np.concatenate([steps[1][1]["a"], steps[1][1]["b"]], axis=1)
+  ranked = np.abs(data * numpy_scales(data, [6, 6]))
+  for i in range(p):
+    expected = np.zeros(12, np.float32)
+    keep = np.argsort(-ranked[i], kind="stable")[:k]
+    expected[keep] = data[i, keep]
+    np.testing.assert_allclose(points[i], -expected, rtol=1e-6)
+  assert np.count_nonzero(points[:, 6:]) > 0  # the small leaf is in the estimate
 
 
 @pytest.mark.parametrize("mesh_shape, local", [((2, 2, 2), None), ((2, 4), "local")])

@@ -385,6 +385,30 @@ def test_a_failing_variant_keeps_the_results_before_it(tmp_path, monkeypatch):
 
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_sync_tuning_keys_reach_the_sync(optimizer, monkeypatch):
+  """`spardl:balance=leaves:dense_leaves=vectors:delay=1` builds its sync (plain, or inside
+  the AdamW recipe) with those options."""
+  from spardl_jax.sync.sync_options import SyncOptions
+  from train.config import parse_variant
+  built = []
+
+  def recording(options):
+    built.append(dataclasses.asdict(options))
+    checked(options)
+
+  checked = SyncOptions.__post_init__
+  monkeypatch.setattr(SyncOptions, "__post_init__", recording)
+  v = parse_variant("spardl:balance=leaves:dense_leaves=vectors:delay=1"
+                    + (":synced=momentum:warmup=2" if optimizer == "adamw" else ""),
+                    density=0.01, teams=1, sag="auto", residuals="global")
+  make_optimizer(TrainConfig(model="mlp", dataset="digits", optimizer=optimizer), v,
+                 steps_per_epoch=10)
+  assert len(built) == 1
+  assert {k: built[0][k] for k in ("balance", "dense_leaves", "delay")} == {
+      "balance": "leaves", "dense_leaves": "vectors", "delay": 1}
+
+
 def test_variant_tuning_and_recipes():
   """Tuning keys split from the method's options; the recipe fills what a sparse variant
   leaves out (never a dense one), epochs turned into steps; --recipe paper adds nothing."""
