@@ -165,6 +165,11 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
       **{f"vectors_{d}": Variant(f"recipe at {d} %, compact wire, 1-D leaves dense", "spardl",
                                  {"density": d / 100}, recipe._replace(dense_leaves="vectors"))
          for d in (4, 5)},
+      # Still more entries under the byte limit: 8-bit values at 7 %, 4-bit at 8 %.
+      **{f"vectors_{wire}_{d}": Variant(f"recipe at {d} %, {wire} wire, 1-D leaves dense",
+                                        "spardl", {"density": d / 100, "wire": wire},
+                                        recipe._replace(dense_leaves="vectors"))
+         for wire, d in (("int8", 7), ("int4", 8))},
       # Each leaf scaled to the vector's size before the top-k, so that none is starved
       # (sync_gradients' balance), beside "vectors" and "vectors_5".
       "balanced": sparse("recipe, 1-D leaves dense, leaves balanced",
@@ -198,7 +203,8 @@ ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced",
              "powersgd")
 # The nanoGPT case's mechanisms, each beside today's recipe, and the competitors.
 NANOGPT_KEYS = ("dense", "recipe", "vectors", "local", "local_vectors", "recipe_2",
-                "vectors_2", "vectors_4", "vectors_5", "balanced", "balanced_5", "paper", "topka", "powersgd",
+                "vectors_2", "vectors_4", "vectors_5", "balanced", "balanced_5",
+                "vectors_int8_7", "vectors_int4_8", "paper", "topka", "powersgd",
                 "dense_bf16")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)
