@@ -147,6 +147,22 @@ def assert_conserved(xs, rs, ys, new_rs):
   np.testing.assert_array_less(np.abs(total_out - total_in), 1e-5 * scale)
 
 
+def flat_rows(tree, keys, p):
+  """The (P, n) vectors of the leaves ``keys`` of a tree of (P, ...) rows, in that order."""
+  return np.concatenate([np.asarray(tree[k]).reshape(p, -1) for k in keys], axis=1)
+
+
+def assert_synced(updates, residual, keys, model, inputs, atol):
+  """A sync's result (device 0's ``updates``, the leaves ``keys`` in order) and every
+  device's ``residual`` equal the NumPy ``model``'s ``(y, new residuals)`` to ``atol``
+  (for each), and the books of ``inputs`` ``(xs, old residuals)`` balance."""
+  (y, new_rs), (flat, rs) = model, inputs
+  got = np.concatenate([np.asarray(updates[k]).reshape(-1) for k in keys])
+  np.testing.assert_allclose(got, y, rtol=1e-6, atol=atol[0])
+  np.testing.assert_allclose(residual, new_rs, rtol=1e-6, atol=atol[1])
+  assert_conserved(flat, rs, np.broadcast_to(y, flat.shape), residual)
+
+
 def update_fn(tx, p, params):
   """jit(shard_map(tx.update)) over (P, ...) gradients; returns device 0's updates."""
   mesh_ = mesh(p)

@@ -56,16 +56,12 @@ def test_each_leaf_is_scaled_before_spardl_and_back_after():
   for _ in range(3):
     grads = grads_of(rng, p)
     updates, state = f(harness.put_rows(p, grads), state)
-    flat = np.concatenate([np.asarray(grads[k]).reshape(p, -1) for k in keys], axis=1)
+    flat = harness.flat_rows(grads, keys, p)
     s = numpy_scales(flat, sizes)
     y, new_rs = reference.spardl(flat * s, rs * s, DENSITY)
-    y, new_rs = y / s, new_rs / s
-    got = np.concatenate([np.asarray(updates[k]).reshape(-1) for k in keys])
-    np.testing.assert_allclose(got, y, rtol=1e-6, atol=1e-12)
-    residual = np.asarray(state.method_state.residual)
-    np.testing.assert_allclose(residual, new_rs, rtol=1e-6, atol=1e-12)
-    harness.assert_conserved(flat, rs, np.broadcast_to(y, flat.shape), residual)
-    rs = new_rs
+    harness.assert_synced(updates, np.asarray(state.method_state.residual), keys,
+                          (y / s, new_rs / s), (flat, rs), atol=(1e-12, 1e-12))
+    rs = new_rs / s
   assert np.count_nonzero(updates["tiny"]) > 0
 
 

@@ -38,13 +38,10 @@ def test_dense_leaves_are_the_mean_and_the_rest_is_spardl(rule, dense):
     for k in dense:  # each device's exact mean
       np.testing.assert_allclose(updates[k], np.asarray(grads[k]).mean(0), rtol=1e-6,
                                  atol=1e-7)
-    flat = np.concatenate([np.asarray(grads[k]).reshape(p, -1) for k in sparse], axis=1)
+    flat = harness.flat_rows(grads, sparse, p)
     y, new_rs = reference.spardl(flat, rs, 0.1)
-    got = np.concatenate([np.asarray(updates[k]).reshape(-1) for k in sparse])
-    np.testing.assert_allclose(got, y, rtol=1e-6, atol=1e-7)
-    residual = np.asarray(state.method_state.residual)
-    np.testing.assert_allclose(residual, new_rs, rtol=1e-6, atol=1e-6)
-    harness.assert_conserved(flat, rs, np.broadcast_to(y, flat.shape), residual)
+    harness.assert_synced(updates, np.asarray(state.method_state.residual), sparse,
+                          (y, new_rs), (flat, rs), atol=(1e-7, 1e-6))
     rs = new_rs
   stats = sj.sync_stats(state)
   n_dense = sum(PARAMS[k].size for k in dense)
