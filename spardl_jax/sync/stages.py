@@ -6,7 +6,8 @@
 2. :func:`local_gradient`: DGC's local clipping and momentum correction;
 3. :func:`run_level`: the method of the current level (dense warm-up, a density of the
    schedule) all-reduces the flat vector, chosen by the step count with ``lax.switch``
-   (after decaying the residual, where ``residual_decay`` asks);
+   (after decaying the residual, where ``residual_decay`` asks); with ``balance``, on the
+   vector and residual scaled leaf by leaf and scaled back (:func:`balanced_level`);
 4. :func:`agree_on_nonfinite`: DGC's momentum factor masking, and the non-finite guard every
    device agrees on;
 5. :func:`next_stats`: this sync's :class:`~spardl_jax.SyncStats`;
