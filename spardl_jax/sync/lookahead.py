@@ -171,15 +171,15 @@ def _predicted_local(options, state: SyncState, params, where: LeafSpecs):
 def _kept_by_the_level(options, state: SyncState, vec, split: flat_layout.Leaves):
   """``vec`` plus the residual, cut to the entries the next sync's level keeps (ranked,
   with ``balance``, on the vector scaled leaf by leaf as the sync will scale it)."""
+  # The sync takes its scales from the message alone, before the residual joins it.
+  scale = (None if options.balance is None else
+           stages.leaf_scales(options, split.layout, vec, [x.size for x in split.method]))
   residual = protocol.residual(state.method_state)
   if residual is not None and residual.shape == (1, *vec.shape):
     vec = vec + residual[0].astype(vec.dtype)
   p = axis_size(options.axis_name, who="lookahead_params")
   bound = levels.bind(list(options.levels), [x.shape for x in split.method], p)
-  ranked = vec
-  if options.balance is not None:
-    ranked = vec * stages.leaf_scales(options, split.layout, vec,
-                                      [x.size for x in split.method])
+  ranked = vec if scale is None else vec * scale
 
   def cut(level):
     if level.dense or not methods.is_sparse(level.allreduce.name) or level.density >= 1:

@@ -118,7 +118,9 @@ def test_a_look_ahead_ranks_its_estimate_as_the_balanced_sync_will():
   """A delayed balanced sync looked ahead by 1 under SGD at rate 1, on a linear loss whose
   gradient is each device's batch row: at step 1 device i's point is minus its held
   gradient cut to the round(0.25 * 12) = 3 entries largest once scaled leaf by leaf (the
-  scales from every device's gradient, as the sync computes them)."""
+  scales from every device's gradient, as the sync computes them); at step 2 the estimate
+  adds the residual the sync of step 1 left (NumPy's SparDL), still ranked with the scales
+  of the held gradient alone, and the point starts from step 1's update."""
   p, k = 4, 3
   params = {"a": jnp.zeros(6), "b": jnp.zeros(6)}
   rng = np.random.default_rng(4)
@@ -129,15 +131,20 @@ def test_a_look_ahead_ranks_its_estimate_as_the_balanced_sync_will():
   def linear(params, batch):
     return jnp.concatenate([params["a"], params["b"]]) @ batch
 
-  steps = list(run(tx, p, params, data, linear, 2))
-  points = np.concatenate([steps[1][1]["a"], steps[1][1]["b"]], axis=1)
-  ranked = np.abs(data * numpy_scales(data, [6, 6]))
-  for i in range(p):
-    expected = np.zeros(12, np.float32)
-    keep = np.argsort(-ranked[i], kind="stable")[:k]
-    expected[keep] = data[i, keep]
-    np.testing.assert_allclose(points[i], -expected, rtol=1e-6)
-  assert np.count_nonzero(points[:, 6:]) > 0  # the small leaf is in the estimate
+  steps = list(run(tx, p, params, data, linear, 3))
+  s = numpy_scales(data, [6, 6])
+  y, residuals = reference.spardl(data * s, np.zeros_like(data), 0.25)
+  y, residuals = y / s, residuals / s  # the sync at step 1, of step 0's gradient
+  for t, owed, start in ((1, np.zeros_like(data), 0.0), (2, residuals, -y)):
+    points = np.concatenate([steps[t][1]["a"], steps[t][1]["b"]], axis=1)
+    estimate = data + owed
+    ranked = np.abs(estimate * s)
+    for i in range(p):
+      expected = np.zeros(12, np.float32)
+      keep = np.argsort(-ranked[i], kind="stable")[:k]
+      expected[keep] = estimate[i, keep]
+      np.testing.assert_allclose(points[i], start - expected, rtol=1e-5, atol=1e-7)
+    assert np.count_nonzero(points[:, 6:]) > 0  # the small leaf is in the estimate
 
 
 @pytest.mark.parametrize("mesh_shape, local", [((2, 2, 2), None), ((2, 4), "local")])
