@@ -177,6 +177,15 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
       "balanced_5": Variant("recipe at 5 %, compact wire, 1-D leaves dense, leaves balanced",
                             "spardl", {"density": 0.05},
                             recipe._replace(dense_leaves="vectors", balance="leaves")),
+      # DeMo (sj.demo): each device's momentum (the residual, decayed by 0.999) sent sparse,
+      # the sign of the mean as the update; on our finalist's transport and on TopkA's
+      # all-gather (DeMo's own), each at about 1/15 of dense's bytes.
+      "demo": Variant("DeMo on SparDL 7 %, int8 wire, 1-D leaves dense", "spardl",
+                      {"density": 0.07, "wire": "int8"},
+                      Tuning(sign=1, decay=0.999, warmup=0, dense_leaves="vectors")),
+      "demo_topka": Variant("DeMo on TopkA 0.8 %, 1-D leaves dense", "topka",
+                            {"density": 0.008},
+                            Tuning(sign=1, decay=0.999, warmup=0, dense_leaves="vectors")),
       "local_vectors": sparse("each device's Adam step synced, 1-D leaves dense",
                               {"outer": 1, "outer_lr": 1.0, "outer_momentum": 0.0,
                                "dense_leaves": "vectors"}),
@@ -204,7 +213,7 @@ ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced",
 # The nanoGPT case's mechanisms, each beside today's recipe, and the competitors.
 NANOGPT_KEYS = ("dense", "recipe", "vectors", "local", "local_vectors", "recipe_2",
                 "vectors_2", "vectors_4", "vectors_5", "balanced", "balanced_5",
-                "vectors_int8_7", "vectors_int4_8", "paper", "topka", "powersgd",
+                "vectors_int8_7", "vectors_int4_8", "demo", "demo_topka", "paper", "topka", "powersgd",
                 "dense_bf16")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)

@@ -25,6 +25,7 @@ from spardl_jax.sync.density import density_rule
 from spardl_jax.sync.levels import density_warmup
 from spardl_jax.sync.lookahead import lookahead
 from spardl_jax.sync.adam import synced_adamw
+from spardl_jax.sync.demo import demo
 from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
                                            opt_state_shardings, opt_state_specs,
                                            sync_state_filter)
@@ -41,6 +42,7 @@ __all__ = (
     "collectives",
     "cost",
     "data_parallel_step",
+    "demo",
     "density_rule",
     "density_warmup",
     "diloco",

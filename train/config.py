@@ -68,6 +68,7 @@ class Tuning(NamedTuple):
   delay: int | None = None           # 1: each step syncs the last step's gradient (overlap)
   lookahead: float | None = None     # with delay=1: the gradient taken ahead, by this fraction
   balance: str | None = None         # "leaves": each leaf scaled to the vector's size before top-k
+  sign: int | None = None            # 1: DeMo, the sign of the synced momentum (sj.demo)
 
   def given(self) -> dict[str, Any]:
     """The keys set, by name."""
@@ -103,7 +104,8 @@ TUNING: dict[str, Rule] = {
     "delay": Rule(int, "0 or 1", lambda v: v in (0, 1)),
     "lookahead": Rule(float, "in [0, 1]", lambda v: 0 <= v <= 1),
     "balance": Rule(str, " or ".join(map(repr, sj.options.BALANCES)),
-                    lambda v: v in sj.options.BALANCES)}
+                    lambda v: v in sj.options.BALANCES),
+    "sign": Rule(int, "0 or 1", lambda v: v in (0, 1))}
 assert tuple(TUNING) == Tuning._fields, "a rule for every tuning key"
 
 

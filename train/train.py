@@ -164,7 +164,10 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     so that a global top-k does not starve the leaves of small gradients
     (``sync_gradients``' ``balance``);
   * ``decay``: SparseLoCo's decayed error feedback (``sync_gradients``' ``residual_decay``);
-    with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop.
+    with ``outer=H:outer_momentum=0`` it is SparseLoCo's outer loop;
+  * ``sign=1``: DeMo (:func:`spardl_jax.demo`) in place of the optimizer: the sync's
+    residual, decayed by ``decay`` (default 0.999), is each device's momentum, and the
+    update is the sign of the synced result with the decoupled weight decay.
 
   ``cfg.lr_schedule='cosine'`` decays the rate to 0 over the run. ``specs`` are the
   parameters' specs on a mesh of several axes (:func:`param_specs`), for the sync.
@@ -218,11 +221,22 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     sync_options["delay"] = tuning.delay
   if tuning.balance:
     sync_options["balance"] = tuning.balance
+  if tuning.sign:
+    del sync_options["residual_decay"]
+    return clipped(sj.demo(lr, method=variant.method, decay=0.999 if tuning.decay is None
+                           else tuning.decay, weight_decay=cfg.weight_decay, mask=decay_mask,
+                           warmup_steps=warmup, **sync_options))
   if tuning.synced:
+    # The trainer's density and wire are its flags' and its spec's, shared with SGD, and
+    # its leaves all go through the method unless dense_leaves= says otherwise: not
+    # synced_adamw's defaults (the measured best for AdamW: docs/trainer.md).
+    if variant.method == "spardl":
+      sync_options.setdefault("wire", sj.collectives.SparDLConfig.wire)
     return clipped(sj.synced_adamw(
         lr, warmup_steps=warmup, method=variant.method, b1=momentum, b2=cfg.adam_b2,
         weight_decay=cfg.weight_decay, mask=decay_mask, sends=tuning.synced,
-        second_moment=tuning.second_moment or "frozen", **sync_options))
+        second_moment=tuning.second_moment or "frozen",
+        **{"dense_leaves": None, **sync_options}))
   sync = sj.sync_gradients(variant.method, warmup_steps=warmup, momentum=tuning.momentum,
                            momentum_masking=tuning.masking != 0, **sync_options)
   if tuning.outer:
@@ -274,7 +288,7 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
                      "in the same spec, or --outer-every H.")
   recipe = recipe_tuning(cfg.recipe, optimizer=cfg.optimizer, steps_per_epoch=steps_per_epoch)
   if sj.methods.is_sparse(variant.method) and not every:  # the recipe fills in the rest
-    if tuning.momentum is not None:  # DGC's momentum correction in place of Adam's around
+    if tuning.momentum is not None or tuning.sign:  # a momentum in place of Adam's around
       recipe = recipe._replace(synced=None, second_moment=None)
     tuning = tuning.over(recipe)
   elif tuning.synced and tuning.second_moment is None:
@@ -305,6 +319,13 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
   if tuning.ramp and not sj.methods.is_sparse(variant.method):
     raise ValueError(f"ramp (a density warm-up) needs a sparse method with a "
                      f"density; {variant.method!r} has none.")
+  if tuning.sign and (not sj.methods.is_sparse(variant.method) or tuning.synced
+                      or tuning.outer or tuning.momentum is not None or tuning.freeze
+                      or tuning.lookahead):
+    raise ValueError(f"sign=1 (DeMo: the sign of the synced momentum) needs a sparse method "
+                     f"with error feedback ({variant.method!r} given) and takes no synced=, "
+                     f"outer=, momentum=, freeze= or lookahead= (the sync's residual, decayed "
+                     f"by decay=, is its momentum).")
   if tuning.lookahead and (not tuning.delay or tuning.synced or tuning.outer):
     raise ValueError("lookahead (the gradient taken one step ahead) needs delay=1 in the same "
                      "spec and the optimizer after the sync: not synced= (Adam around the "

@@ -236,7 +236,9 @@ def _dense_mask(options: SyncOptions, floats) -> list[bool]:
   if options.dense_leaves is not None and all(mask):
     raise ValueError(f"sync_gradients: dense_leaves={options.dense_leaves!r} keeps every "
                      f"leaf dense, so {options.method!r} has nothing to sync; use "
-                     f"method='dense', or a rule that leaves some leaves to the method.")
+                     f"method='dense', dense_leaves=None (every leaf through the method; "
+                     f"synced_adamw's default is 'vectors'), or a rule that leaves some "
+                     f"leaves to the method.")
   return mask
 
 

@@ -106,7 +106,7 @@ def test_second_moment_trains_where_the_sync_delivers():
   grads = [harness.gradients(rng, p, n) for _ in range(7)]
   params = {"w": jnp.asarray(rng.standard_normal(n), jnp.float32)}
   tx = sj.synced_adamw(lr, warmup_steps=2, density=0.2, wire="exact", b1=b1, b2=b2, eps=eps,
-                       weight_decay=wd)
+                       weight_decay=wd, dense_leaves=None)
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   f = harness.update_fn(tx, p, params)
   want = numpy_synced_adam(grads, warmup=2, freeze_step=2, density=0.2, b1=b1, b2=b2,

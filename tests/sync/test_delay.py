@@ -117,7 +117,7 @@ def test_synced_adam_with_a_delayed_sync_is_its_numpy_model_one_step_later():
   grads = [harness.gradients(rng, p, n) for _ in range(6)]
   params = {"w": jnp.asarray(rng.standard_normal(n), jnp.float32)}
   tx = sj.synced_adamw(lr, warmup_steps=2, density=0.2, wire="exact", b1=b1, b2=b2, eps=eps,
-                       weight_decay=wd, delay=1)
+                       weight_decay=wd, delay=1, dense_leaves=None)
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   f = harness.update_fn(tx, p, params)
   want = test_adam.numpy_synced_adam(grads, warmup=2, freeze_step=2, density=0.2, b1=b1,

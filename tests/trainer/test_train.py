@@ -409,6 +409,35 @@ def test_sync_tuning_keys_reach_the_sync(optimizer, monkeypatch):
       "balance": "leaves", "dense_leaves": "vectors", "delay": 1}
 
 
+def test_sign_builds_demo_in_place_of_the_recipe():
+  """`spardl:sign=1:decay=0.9` under AdamW is sj.demo: the sync decays its residual by 0.9
+  with no Adam around it (the recipe's synced= dropped), and the update of a step is
+  -lr * (sign(result) + weight decay * params); a spec it cannot act on is refused."""
+  from train.config import parse_variant
+  cfg = TrainConfig(model="mlp", dataset="digits", optimizer="adamw", lr=0.01,
+                    weight_decay=0.5, weight_decay_on="all")
+  v = parse_variant("spardl:sign=1:decay=0.9:warmup=0:wire=exact", density=0.5, teams=1,
+                    sag="auto", residuals="global")
+  tx = make_optimizer(cfg, v, steps_per_epoch=10)
+  params = {"w": jnp.ones((8,), jnp.float32)}
+  p = 2
+  state = sj.init_opt_state(tx, params, make_mesh(p))
+  assert sj.sync_stats(state) is not None and not hasattr(state[0], "mu")
+  g = np.tile(np.linspace(-1, 1, 8, dtype=np.float32), (p, 1))
+  f = jax.jit(jax.shard_map(lambda g, s: tx.update(jax.tree.map(lambda x: x[0], g), s, params),
+                            mesh=make_mesh(p), in_specs=(P("data"), sj.opt_state_specs(
+                                tx, params, make_mesh(p))), out_specs=(P(), sj.opt_state_specs(
+                                    tx, params, make_mesh(p))), check_vma=False))
+  updates, _ = f(shard_rows({"w": g}, make_mesh(p), "data"), state)
+  y = np.where(np.abs(g[0]) >= np.sort(np.abs(g[0]))[-4], g[0], 0)  # top half, alike
+  np.testing.assert_allclose(updates["w"], -0.01 * (np.sign(y) + 0.5), rtol=1e-6)
+  for bad in ("dense:sign=1", "spardl:sign=1:synced=momentum:warmup=2",
+              "spardl:sign=1:outer=2"):
+    with pytest.raises(ValueError, match="sign=1 .DeMo"):
+      make_optimizer(cfg, parse_variant(bad, density=0.01, teams=1, sag="auto",
+                                        residuals="global"), steps_per_epoch=10)
+
+
 def test_variant_tuning_and_recipes():
   """Tuning keys split from the method's options; the recipe fills what a sparse variant
   leaves out (never a dense one), epochs turned into steps; --recipe paper adds nothing."""
