@@ -221,11 +221,11 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     sync_options["delay"] = tuning.delay
   if tuning.balance:
     sync_options["balance"] = tuning.balance
-  if tuning.sign:
-    del sync_options["residual_decay"]
-    return clipped(sj.demo(lr, method=variant.method, decay=0.999 if tuning.decay is None
-                           else tuning.decay, weight_decay=cfg.weight_decay, mask=decay_mask,
-                           warmup_steps=warmup, **sync_options))
+  if tuning.sign:  # decay= is DeMo's momentum (sj.demo's default where not given)
+    decay = sync_options.pop("residual_decay")
+    return clipped(sj.demo(lr, method=variant.method, weight_decay=cfg.weight_decay,
+                           mask=decay_mask, warmup_steps=warmup, **sync_options,
+                           **({} if decay is None else {"decay": decay})))
   if tuning.synced:
     # The trainer's density and wire are its flags' and its spec's, shared with SGD, and
     # its leaves all go through the method unless dense_leaves= says otherwise: not

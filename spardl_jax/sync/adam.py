@@ -378,6 +378,16 @@ def _through_sync(send, updates, state, step: _Step) -> _Synced:
                                                         state.mu, mean))
 
 
+def check_rate_and_decay(who: str, learning_rate, weight_decay) -> None:
+  """An optimizer's learning rate (a finite number >= 0, or an optax schedule) and its
+  decoupled weight decay (a finite number >= 0), checked before anything is built."""
+  if not callable(learning_rate):
+    check_number(who, "learning_rate", learning_rate, "a finite number >= 0 or an optax "
+                 "schedule", accept=lambda lr: 0 <= lr < float("inf"))
+  check_number(who, "weight_decay", weight_decay, "a finite number >= 0",
+               accept=lambda wd: 0 <= wd < float("inf"))
+
+
 def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
                  density=0.07, method: str = "spardl", b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 1e-4, mask=None,
@@ -438,11 +448,7 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
   who = "synced_adamw"
   warmup_steps = check_number(who, "warmup_steps", warmup_steps, "an int >= 1",
                               integral=True, accept=lambda s: s >= 1)
-  if not callable(learning_rate):
-    check_number(who, "learning_rate", learning_rate, "a finite number >= 0 or an optax "
-                 "schedule", accept=lambda lr: 0 <= lr < float("inf"))
-  check_number(who, "weight_decay", weight_decay, "a finite number >= 0",
-               accept=lambda wd: 0 <= wd < float("inf"))
+  check_rate_and_decay(who, learning_rate, weight_decay)
   if sync_options.get("momentum") is not None:
     raise ValueError(f"{who}: momentum={sync_options['momentum']} (DGC's momentum "
                      f"correction) would put a second momentum inside Adam's: Adam's first "

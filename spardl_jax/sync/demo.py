@@ -15,6 +15,7 @@ from __future__ import annotations
 import optax
 
 from spardl_jax.core.config import check_number
+from spardl_jax.sync.adam import check_rate_and_decay
 from spardl_jax.sync.methods import is_sparse, names
 from spardl_jax.sync.transform import sync_gradients
 
@@ -78,11 +79,7 @@ def demo(learning_rate: optax.ScalarOrSchedule, *, density=0.01, method: str = "
                      f"{sparse}, got {method!r}: DeMo's momentum is the residual such a "
                      f"method keeps.")
   check_number(who, "decay", decay, "a number in [0, 1]", accept=lambda b: 0 <= b <= 1)
-  check_number(who, "weight_decay", weight_decay, "a finite number >= 0",
-               accept=lambda wd: 0 <= wd < float("inf"))
-  if not callable(learning_rate):
-    check_number(who, "learning_rate", learning_rate, "a finite number >= 0 or an optax "
-                 "schedule", accept=lambda lr: 0 <= lr < float("inf"))
+  check_rate_and_decay(who, learning_rate, weight_decay)
   for taken in ("residual_decay", "momentum"):
     if sync_options.get(taken) is not None:
       raise ValueError(f"{who}: {taken}={sync_options[taken]} would put a second momentum "

@@ -16,6 +16,7 @@ from models import create
 import spardl_jax as sj
 from spardl_jax.parallel.rows import shard_rows
 from spardl_jax.tools import traffic
+from tests import harness
 from train import data, input_pipeline, main
 from train.config import TrainConfig, Tuning, Variant
 from train.train import compile_steps, create_train_state, make_mesh, make_optimizer, \
@@ -421,14 +422,10 @@ def test_sign_builds_demo_in_place_of_the_recipe():
   tx = make_optimizer(cfg, v, steps_per_epoch=10)
   params = {"w": jnp.ones((8,), jnp.float32)}
   p = 2
-  state = sj.init_opt_state(tx, params, make_mesh(p))
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
   assert sj.sync_stats(state) is not None and not hasattr(state[0], "mu")
   g = np.tile(np.linspace(-1, 1, 8, dtype=np.float32), (p, 1))
-  f = jax.jit(jax.shard_map(lambda g, s: tx.update(jax.tree.map(lambda x: x[0], g), s, params),
-                            mesh=make_mesh(p), in_specs=(P("data"), sj.opt_state_specs(
-                                tx, params, make_mesh(p))), out_specs=(P(), sj.opt_state_specs(
-                                    tx, params, make_mesh(p))), check_vma=False))
-  updates, _ = f(shard_rows({"w": g}, make_mesh(p), "data"), state)
+  updates, _ = harness.update_fn(tx, p, params)(harness.put_rows(p, {"w": g}), state)
   y = np.where(np.abs(g[0]) >= np.sort(np.abs(g[0]))[-4], g[0], 0)  # top half, alike
   np.testing.assert_allclose(updates["w"], -0.01 * (np.sign(y) + 0.5), rtol=1e-6)
   for bad in ("dense:sign=1", "spardl:sign=1:synced=momentum:warmup=2",
