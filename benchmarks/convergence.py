@@ -190,6 +190,9 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
                               {"outer": 1, "outer_lr": 1.0, "outer_momentum": 0.0,
                                "dense_leaves": "vectors"}),
       "topka": Variant(f"TopkA {DENSITY:g}, recipe", "topka", {"density": DENSITY}, recipe),
+      # TopkA's all-gather under the nanoGPT finalist's recipe, at its bytes (0.8 %).
+      "topka_vectors": Variant("TopkA 0.8 %, recipe, 1-D leaves dense", "topka",
+                               {"density": 0.008}, recipe._replace(dense_leaves="vectors")),
       "powersgd": Variant("PowerSGD rank 4, recipe", "powersgd", {"rank": 4}, recipe),
       "diloco": Variant(f"DiLoCo H={outer.outer}, dense outer", "dense", {}, outer),
       "diloco_bf16": Variant(f"DiLoCo H={outer.outer}, bfloat16 outer", "dense_bf16", {},
@@ -214,7 +217,7 @@ ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced",
 NANOGPT_KEYS = ("dense", "recipe", "vectors", "local", "local_vectors", "recipe_2",
                 "vectors_2", "vectors_4", "vectors_5", "balanced", "balanced_5",
                 "vectors_int8_7", "vectors_int4_8", "demo", "demo_topka", "paper", "topka",
-                "powersgd", "dense_bf16")
+                "topka_vectors", "powersgd", "dense_bf16")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)
 GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS, "adam": ADAM_KEYS,
