@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax.core import (bruck, cost, gres, h_controller, messages, protocol, sag, schedule,
+from spardl_jax.core import (bruck, cost, gres, h_controller, ints, messages, protocol, sag, schedule,
                              sparse, srs, topk)
 from spardl_jax.core.config import BlockLayout, SparDLConfig, check_dtype, check_number
 from spardl_jax.core.nonfinite import NonFinite, check_policy, skip_if
@@ -272,8 +272,8 @@ def block_frame(n: int, config: SparDLConfig, *, p: int, itemsize: int,
   index = jax.lax.axis_index(axis_name).astype(jnp.int32)
   return BlockFrame(layout=layout, d=d, kind=kind, chunk=chunk,
                     wire=cost.wire_format(config.wire, layout),
-                    mc=-(-layout.m // chunk) * chunk, rank=index % layout.q,
-                    team=index // layout.q)
+                    mc=-(-layout.m // chunk) * chunk, rank=ints.rem(index, layout.q),
+                    team=ints.div(index, layout.q))
 
 
 def to_blocks(g: jax.Array, frame: BlockFrame) -> jax.Array:
@@ -329,7 +329,7 @@ def scatter_result(offsets: jax.Array, values: jax.Array, frame: BlockFrame, *, 
   Returns:
     ``(y, in_result)``: ``(q * mc,)`` result and the bool mask of its selected positions.
   """
-  rows = (frame.rank + jnp.arange(frame.q, dtype=jnp.int32)) % frame.q
+  rows = ints.rem(frame.rank + jnp.arange(frame.q, dtype=jnp.int32), frame.q)
   at = frame.positions(rows, offsets)
   unique = frame.kind == "none"  # Only SAG leaves empty slots (which all map to `size`).
   y = jnp.zeros((frame.size,), values.dtype).at[at].set(
@@ -359,9 +359,9 @@ def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult,
   own = frame.rank[None]
   selected = jnp.concatenate([reduced.selected, frame.positions(own, agreed.sent[None])])
   # The rest of a held entry, read where this worker selected (a few kb entries).
-  flat = jnp.minimum(selected // frame.mc * frame.layout.m + selected % frame.mc,
+  flat = jnp.minimum(ints.div(selected, frame.mc) * frame.layout.m + ints.rem(selected, frame.mc),
                      frame.layout.n - 1)
-  valid = (selected < frame.size) & (selected % frame.mc < frame.layout.m)
+  valid = (selected < frame.size) & (ints.rem(selected, frame.mc) < frame.layout.m)
   x, old = gradient
   top = jnp.finfo(reduced.buf.dtype).max
   rest = jax.lax.cond(

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax.core import bruck, h_controller, messages, schedule
+from spardl_jax.core import bruck, h_controller, ints, messages, schedule
 from spardl_jax.core.sparse import (INVALID, in_worker_order, magnitude_order,
                                merge_with_partner, sparse_sum, top_of_union)
 
@@ -67,12 +67,12 @@ def recursive_sag(offsets: jax.Array, values: jax.Array, *, kb: int, p: int, q: 
   d = p // q
   shares = []
   for j in range(d.bit_length() - 1):
-    values, error = as_sent(offsets, values, team % 2**j == 0, wire)
+    values, error = as_sent(offsets, values, ints.rem(team, 2**j) == 0, wire)
     shares += error
     # The lower team's pairs come first in the sum, on both sides of the exchange.
     offsets, values, union, dropped = merge_with_partner(
         offsets, values, kb, perm=schedule.recursive_doubling_permutation(p, q, j),
-        axis_name=axis_name, mine_first=(team >> j) % 2 == 0, wire=wire)
+        axis_name=axis_name, mine_first=ints.rem(team >> j, 2) == 0, wire=wire)
     shares.append(Share(jnp.where(dropped, union.offsets, INVALID),
                         union.sums * np.asarray(0.5 ** (j + 1), values.dtype)))
   return offsets, values, shares

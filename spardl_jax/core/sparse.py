@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax.core import messages, topk
+from spardl_jax.core import ints, messages, topk
 
 __all__ = ['INVALID', 'Union', 'sparse_sum', 'sorted_sum', 'top_of_union', 'merge_with_partner',
            'magnitude_order', 'in_worker_order']
@@ -154,4 +154,4 @@ def magnitude_order(values: jax.Array) -> jax.Array:
 def in_worker_order(rows: jax.Array, rank: jax.Array) -> jax.Array:
   """Rows gathered in the rotated frame (row ``j`` from worker ``rank + j``) -> worker order."""
   p = rows.shape[0]
-  return rows[(jnp.arange(p, dtype=jnp.int32) - rank) % p]
+  return rows[ints.rem(jnp.arange(p, dtype=jnp.int32) + (p - rank), p)]

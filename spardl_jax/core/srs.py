@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from spardl_jax.core import messages, schedule, topk
+from spardl_jax.core import ints, messages, schedule, topk
 
 __all__ = ['Receipt', 'SRSResult', 'flat_positions', 'spar_reduce_scatter']
 
@@ -77,7 +77,7 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
   peak = jnp.zeros((), buf.dtype)
   for st in schedule.srs_schedule(q):
     # The rotated frame: position j of this worker is global block (rank + j) mod q.
-    bag = (rank + jnp.arange(st.start, st.stop, dtype=jnp.int32)) % q
+    bag = ints.rem(rank + jnp.arange(st.start, st.stop, dtype=jnp.int32), q)
     offsets, values = topk.block_topk(buf, bag, kb, chunk)
     peak = jnp.maximum(peak, jnp.max(jnp.abs(values)))
     selected.append(flat_positions(bag, offsets, mc))
@@ -85,15 +85,15 @@ def spar_reduce_scatter(buf: jax.Array, *, kb: int, chunk: int, rank: jax.Array,
     message = jax.lax.ppermute(wire.pack(offsets, values), axis_name,
                                perm=schedule.team_permutation(p, q, st.shift))
     offsets, values = wire.unpack(message, kb, buf.dtype)
-    rows = (rank + jnp.arange(st.size, dtype=jnp.int32)) % q
+    rows = ints.rem(rank + jnp.arange(st.size, dtype=jnp.int32), q)
     positions = flat_positions(rows, offsets, mc)
     flat = buf.reshape(-1)
-    before = flat[positions]
+    before = ints.get(flat, positions)
     receipts.append(Receipt(positions, before))
     # A set of `before + value` (not an add) orders the scatter after the read of `before`,
     # so XLA updates the buffer in place instead of copying it. Positions never repeat.
-    buf = flat.at[positions].set(before + values.reshape(-1),
-                                 unique_indices=True).reshape(q, mc)
+    buf = flat.at[positions].set(before + values.reshape(-1), unique_indices=True,
+                                 wrap_negative_indices=False).reshape(q, mc)
   kept = [e.reshape(-1) for e in errors if e is not None]  # all or none
   sent_errors = jnp.concatenate(kept) if kept else None
   return SRSResult(buf, receipts,

@@ -34,6 +34,8 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from spardl_jax.core import ints
+
 __all__ = ['METHODS', 'default_method', 'chunk_size', 'keys', 'kth_largest', 'GroupCounts',
            'select', 'block_topk']
 
@@ -95,7 +97,7 @@ def kth_largest(k_: jax.Array, k: int, *, method: Method | None = None) -> jax.A
 
   def halve(_, bounds):
     lo, hi = bounds  # invariant: count(keys >= lo) >= k > count(keys > hi)
-    mid = hi - (hi - lo) // 2  # upper middle, no int32 overflow
+    mid = hi - ints.div(hi - lo, 2)  # upper middle, no int32 overflow
     enough = jnp.sum(k_ >= mid[:, None], axis=1, dtype=jnp.int32) >= k
     return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid - 1)
 
@@ -140,7 +142,8 @@ def _compact(take: jax.Array, k: int, *, search: str = "scan") -> jax.Array:
     slot = jnp.where(take, jnp.cumsum(take, axis=1, dtype=jnp.int32) - 1, k)
     flat = (slot + jnp.arange(rows, dtype=jnp.int32)[:, None] * (k + 1)).reshape(-1)
     source = jnp.tile(jnp.arange(n, dtype=jnp.int32), rows)
-    out = jnp.zeros((rows * (k + 1),), jnp.int32).at[flat].set(source, mode="drop")
+    out = jnp.zeros((rows * (k + 1),), jnp.int32).at[flat].set(source, mode="drop",
+                                                               wrap_negative_indices=False)
     return out.reshape(rows, k + 1)[:, :k]
   slots = jnp.arange(k, dtype=jnp.int32)
   return jax.vmap(lambda row: GroupCounts.of(row, _GROUP).nth(slots, search=search))(take)
@@ -172,7 +175,7 @@ class GroupCounts(NamedTuple):
   def before(self, positions: jax.Array) -> jax.Array:
     """``(R,)`` int32: True entries at indices below each of ``positions`` (in ``[0, N]``)."""
     width = self.groups.shape[1]
-    at = jnp.minimum(positions // width, self.groups.shape[0] - 1)
+    at = jnp.minimum(ints.div(positions, width), self.groups.shape[0] - 1)
     window, start = self._group(at)
     lanes = jnp.arange(width, dtype=jnp.int32)
     return start + jnp.sum(window & (lanes[None] < (positions - at * width)[:, None]), axis=1,
@@ -249,17 +252,17 @@ def block_topk(buf: jax.Array, rows: jax.Array, kb: int, chunk: int, *,
   """
   q, mc = buf.shape
   if chunk == 1:
-    blocks = buf[rows]  # (L, mc)
+    blocks = ints.get(buf, rows)  # (L, mc)
     offsets = select(keys(blocks), kb, method=method)
-    return offsets, jnp.take_along_axis(blocks, offsets, axis=1)
+    return offsets, ints.take_along(blocks, offsets, axis=1)
   nc = mc // chunk
   chunked = buf.reshape(q, nc, chunk)
   kc = min(kb, nc)
   # Both stages read the rows straight from `buf`: the chunk maxima reduce the gathered rows
   # as they are read, and stage 2 gathers only the chosen chunks, so no copy of the L rows
   # (half the vector in SRS's first step) is ever written.
-  chunks = select(keys(chunked[rows]).max(axis=-1), kc, method=method)  # (L, kc), ascending
-  entries = chunked[rows[:, None], chunks].reshape(-1, kc * chunk)
+  chunks = select(keys(ints.get(chunked, rows)).max(axis=-1), kc, method=method)  # (L, kc), ascending
+  entries = ints.get(chunked, (rows[:, None], chunks)).reshape(-1, kc * chunk)
   pos = select(keys(entries), kb, method=method)
-  offsets = jnp.take_along_axis(chunks, pos // chunk, axis=1) * chunk + pos % chunk
-  return offsets, jnp.take_along_axis(entries, pos, axis=1)
+  offsets = ints.take_along(chunks, ints.div(pos, chunk), axis=1) * chunk + ints.rem(pos, chunk)
+  return offsets, ints.take_along(entries, pos, axis=1)
