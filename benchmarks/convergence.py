@@ -56,6 +56,14 @@ _GUIDE_MESH = (("data", 4), ("model", 2))
 _GPT = TrainConfig(model="gpt", model_size="tiny", dataset="shakespeare", epochs=10,
                    batch_size=64, seq_len=64, steps_per_epoch=200, eval_steps=30,
                    optimizer="adamw", lr=1e-2, lr_schedule="cosine")
+# nanoGPT's baby GPT with its CPU recipe (AdamW 1e-3, b2 0.99, weight decay 0.1 on the
+# matrices, clip 1.0, 100 warm-up steps then cosine to 1e-4 at 2,000): 12 sequences of 64
+# characters per device, 8 devices; evaluated every 100 steps.
+_NANOGPT = TrainConfig(
+    model="nanogpt", dataset="shakespeare", epochs=20, batch_size=96, seq_len=64,
+    steps_per_epoch=100, eval_steps=20, optimizer="adamw", lr=1e-3, lr_schedule="cosine",
+    lr_warmup=100, lr_final=0.1, adam_b2=0.99, weight_decay=0.1, weight_decay_on="matrices",
+    grad_clip=1.0)
 CASES: dict[str, TrainConfig] = {
     "mnist1d_cnn1d": TrainConfig(model="cnn1d", dataset="mnist1d", epochs=30),
     "digits_resnet20": TrainConfig(model="resnet20", dataset="digits", epochs=15, batch_size=64,
@@ -72,14 +80,9 @@ CASES: dict[str, TrainConfig] = {
     # guide's own model on the same mesh, fitting a teacher of its shape.
     "shakespeare_gpt": _GPT,
     "shakespeare_gpt_sharded": dataclasses.replace(_GPT, mesh=_GUIDE_MESH),
-    # nanoGPT's baby GPT with its CPU recipe (AdamW 1e-3, b2 0.99, weight decay 0.1 on the
-    # matrices, clip 1.0, 100 warm-up steps then cosine to 1e-4 at 2,000): 12 sequences of
-    # 64 characters per device, 8 devices; evaluated every 100 steps.
-    "shakespeare_nanogpt": TrainConfig(
-        model="nanogpt", dataset="shakespeare", epochs=20, batch_size=96, seq_len=64,
-        steps_per_epoch=100, eval_steps=20, optimizer="adamw", lr=1e-3, lr_schedule="cosine",
-        lr_warmup=100, lr_final=0.1, adam_b2=0.99, weight_decay=0.1, weight_decay_on="matrices",
-        grad_clip=1.0),
+    # nanoGPT's baby GPT with its CPU recipe (_NANOGPT), replicated and sharded over 'model'.
+    "shakespeare_nanogpt": _NANOGPT,
+    "shakespeare_nanogpt_sharded": dataclasses.replace(_NANOGPT, mesh=_GUIDE_MESH),
     "teacher_dotrelu": TrainConfig(model="dotrelu", dataset="teacher", mesh=_GUIDE_MESH,
                                    epochs=6, batch_size=64, steps_per_epoch=50,
                                    optimizer="adamw", lr=1e-3, lr_schedule="cosine"),
@@ -170,6 +173,12 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
                                         "spardl", {"density": d / 100, "wire": wire},
                                         recipe._replace(dense_leaves="vectors"))
          for wire, d in (("int8", 7), ("int4", 8))},
+      # The int8 finalist with 0/1 Adam's schedule for v (frozen, refreshed densely at
+      # growing intervals) in place of training it where the sync delivers.
+      "vectors_int8_7_refreshed": Variant(
+          "recipe at 7 %, int8 wire, 1-D leaves dense, v refreshed", "spardl",
+          {"density": 0.07, "wire": "int8"},
+          recipe._replace(dense_leaves="vectors", second_moment="refreshed")),
       # Each leaf scaled to the vector's size before the top-k, so that none is starved
       # (sync_gradients' balance), beside "vectors" and "vectors_5".
       "balanced": sparse("recipe, 1-D leaves dense, leaves balanced",
@@ -216,7 +225,7 @@ ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced",
 # The nanoGPT case's mechanisms, each beside today's recipe, and the competitors.
 NANOGPT_KEYS = ("dense", "recipe", "vectors", "local", "local_vectors", "recipe_2",
                 "vectors_2", "vectors_4", "vectors_5", "balanced", "balanced_5",
-                "vectors_int8_7", "vectors_int4_8", "demo", "demo_topka", "paper", "topka",
+                "vectors_int8_7", "vectors_int8_7_refreshed", "vectors_int4_8", "demo", "demo_topka", "paper", "topka",
                 "topka_vectors", "powersgd", "dense_bf16")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)

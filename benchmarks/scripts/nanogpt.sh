@@ -10,7 +10,7 @@ R=benchmarks/results/adam/nanogpt
 RUN="python -m benchmarks.convergence --cases shakespeare_nanogpt --on loss --target 0.98"
 [ -f $R/dense/results.json ] || $RUN --variants dense --seeds 0,1,2 --out $R/dense
 for v in ${VARIANTS:-vectors recipe local_vectors vectors_2 vectors_4 vectors_5 powersgd \
-             balanced balanced_5 vectors_int8_7 vectors_int4_8 demo demo_topka topka_vectors \
+             balanced balanced_5 vectors_int8_7 vectors_int8_7_refreshed vectors_int4_8 demo demo_topka topka_vectors \
              dense_bf16}; do
   out=$R/$v${OUT_SUFFIX:-}
   [ -f $out/results.json ] || $RUN --variants $v --no-dense --seeds ${SEEDS:-0} --out $out

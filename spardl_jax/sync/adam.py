@@ -18,6 +18,7 @@ what is compressed is the momentum, not the gradient.
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import Any, Literal, NamedTuple
 
@@ -29,6 +30,7 @@ from spardl_jax.core import protocol
 from spardl_jax.core.config import check_number
 from spardl_jax.core.protocol import LIKE_PARAMS, REPLICATED, SAME, Field
 from spardl_jax.sync.methods import is_sparse, names
+from spardl_jax.sync.stages import dense_bytes
 from spardl_jax.sync.state import check_sync_alone
 from spardl_jax.sync.transform import built_with, dense_warmup, sync_gradients
 
@@ -39,7 +41,7 @@ __all__ = ['ScaleByFrozenAdamState', 'scale_by_frozen_adam', 'ScaleBySyncedAdamS
 # warm-up.
 Sends = Literal["momentum", "preconditioned"]
 SENDS: tuple[str, ...] = typing.get_args(Sends)
-SecondMoment = Literal["frozen", "sent"]
+SecondMoment = Literal["frozen", "sent", "refreshed"]
 SECOND_MOMENTS: tuple[str, ...] = typing.get_args(SecondMoment)
 
 
@@ -216,6 +218,13 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
   mean gradient (its residual's), so ``v <- b2^a v + (1 - b2^a) (g_sent / a)^2`` with
   ``a`` more steps in its bias correction; coordinates not delivered keep ``v``.
 
+  ``second_moment="refreshed"`` is 0/1 Adam's schedule: ``v`` frozen after the warm-up
+  except at updates ``2 W, 4 W, 8 W, ...`` (``W = freeze_step``: each interval twice the
+  last), where the step's mean gradient, averaged densely in full precision (one extra
+  ``pmean`` of the gradient over the sync's data axes, its bytes added to the sync's
+  ``stats.bytes_sent``), trains every coordinate once: ``v <- b2 v + (1 - b2) g_mean^2``,
+  one step more in the bias correction. The update itself still comes from the sync.
+
   The update is Adam's ``m_hat / D``. A step the sync skips (a non-finite gradient,
   ``nonfinite='skip'``) returns zeros and changes neither moment.
 
@@ -244,8 +253,8 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     b1, b2: the moments' decay rates, in [0, 1).
     eps: added to ``sqrt(v_hat)``, a finite number > 0.
     sends: ``"momentum"`` or ``"preconditioned"`` (above).
-    second_moment: ``"frozen"`` after the warm-up, or trained where ``"sent"`` (above).
-      Frozen after a short warm-up, ``v`` holds few samples of the mean gradient's square,
+    second_moment: ``"frozen"`` after the warm-up, trained where ``"sent"``, or
+      ``"refreshed"`` densely at growing intervals (above). Frozen after a short warm-up, ``v`` holds few samples of the mean gradient's square,
       near 0 for some coordinates, whose steps then grow far beyond the learning rate
       (PowerSGD with a one-step warm-up diverged in two steps); ``"sent"`` goes on
       training it.
@@ -262,6 +271,8 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
   freeze_step, rates = _check("scale_by_synced_adam", freeze_step, b1, b2, eps)
   b2 = rates.b2
   path = "delayed" if _check_sync(sync, freeze_step, sends, second_moment) else sends
+  options = built_with(sync)  # not None where refreshed (_check_sync)
+  axes = options.data_axes if second_moment == "refreshed" and options else ()
   sync = optax.with_extra_args_support(sync)
 
   def init_fn(params):
@@ -284,10 +295,15 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
         updates, state, _Step(path, rates, warm))
     # Every device holds the same count of skipped syncs: all decide alike.
     skipped = jnp.any(sync_state.stats.nonfinite != state.sync.stats.nonfinite)
+    fresh = jnp.zeros((), bool)
+    if axes:
+      fresh = ~warm & _refresh_due(count, freeze_step)
+      mean, sync_state = _refreshed(fresh, updates, mean, sync_state, axes)
     sent = jax.tree.map(
-        lambda u: ~skipped & (warm | ((second_moment == "sent") & (u != 0))), synced)
-    # In the warm-up each delivery is one step's mean gradient (a skipped step, none).
-    age = jax.tree.map(lambda at: jnp.where(warm, 1, count - at), state.sent_at)
+        lambda u: ~skipped & (warm | fresh | ((second_moment == "sent") & (u != 0))), synced)
+    # In the warm-up and at a refresh each delivery is one step's mean gradient (a skipped
+    # step, none).
+    age = jax.tree.map(lambda at: jnp.where(warm | fresh, 1, count - at), state.sent_at)
     nu = jax.tree.map(
         lambda v, g, a, hit: jnp.where(hit, b2 ** a * v + (1 - b2 ** a) * (g / a) ** 2, v),
         state.nu, mean, age, sent)
@@ -308,6 +324,30 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+def _refresh_due(count: jax.Array, freeze_step: int) -> jax.Array:
+  """True at updates ``2 W, 4 W, 8 W, ...`` (``W = freeze_step``): 0/1 Adam's growing
+  intervals between refreshes of ``v``."""
+  ratio = count // freeze_step
+  return (count % freeze_step == 0) & (ratio >= 2) & ((ratio & (ratio - 1)) == 0)
+
+
+def _refreshed(fresh: jax.Array, grads, mean, sync_state, axes):
+  """At a refresh (``fresh``, the same on every device): the mean of each device's gradient
+  ``grads`` over ``axes``, in full precision, in place of ``mean``, and its ring all-reduce's
+  bytes added to the sync's stats; elsewhere both as they were."""
+  def dense():
+    return jax.tree.map(lambda g, m: jax.lax.pmean(g.astype(jnp.float32), axes).astype(m.dtype),
+                        grads, mean)
+
+  mean = jax.lax.cond(fresh, dense, lambda: mean)
+  p = math.prod(jax.lax.axis_size(a) for a in axes)
+  sent = sum(dense_bytes(p, g.size, 4) for g in jax.tree.leaves(grads))  # float32
+  stats = sync_state.stats
+  stats = stats._replace(bytes_sent=stats.bytes_sent + jnp.where(fresh, sent, 0).astype(
+      stats.bytes_sent.dtype))
+  return mean, sync_state._replace(stats=stats)
+
+
 def _check_sync(sync, freeze_step: int, sends, second_moment) -> int:
   """:func:`scale_by_synced_adam`'s checks of its sync and modes; returns the sync's delay."""
   if sends not in SENDS:
@@ -319,6 +359,10 @@ def _check_sync(sync, freeze_step: int, sends, second_moment) -> int:
     raise TypeError(f"scale_by_synced_adam: sync must be an optax.GradientTransformation "
                     f"(spardl_jax.spardl, spardl_jax.sync_gradients), got "
                     f"{type(sync).__name__}.")
+  if second_moment == "refreshed" and built_with(sync) is None:
+    raise ValueError("scale_by_synced_adam: second_moment='refreshed' averages the gradient "
+                     "over the sync's data axes at each refresh: the sync must be "
+                     "sj.sync_gradients (or sj.spardl, ...) itself, not a chain.")
   warmup = dense_warmup(sync)
   if warmup is not None and warmup < freeze_step:
     raise ValueError(
@@ -437,7 +481,8 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
       applies to, as ``optax.adamw``'s.
     sends: ``"momentum"`` (1-bit Adam's compression stage) or ``"preconditioned"`` (see
       :func:`scale_by_synced_adam`).
-    second_moment: trained where ``"sent"`` after the warm-up, or ``"frozen"`` (ibid.).
+    second_moment: trained where ``"sent"`` after the warm-up, ``"frozen"``, or
+      ``"refreshed"`` densely at growing intervals (0/1 Adam's; ibid.).
     **sync_options: :func:`~spardl_jax.sync_gradients`' other options (``axis_name``,
       ``wire``, ``param_specs``, ...).
 

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 import spardl_jax as sj
-from tests import harness, reference
+from tests import formulas, harness, reference
 
 
 def numpy_adam(grads, *, freeze_step, b1, b2, eps):
@@ -74,7 +74,9 @@ def numpy_synced_adam(grads, *, warmup, freeze_step, density, b1, b2, eps,
   residual delivered during the warm-up, then SparDL on the exact wire with its residuals);
   v trained on the true mean gradient until freeze_step, then frozen, or ('sent') trained
   where the sync delivered: a coordinate delivered a steps after its last delivery gets
-  v <- b2^a v + (1 - b2^a) (mean / a)^2, with a more steps in its own bias correction."""
+  v <- b2^a v + (1 - b2^a) (mean / a)^2, with a more steps in its own bias correction; or
+  ('refreshed', 0/1 Adam's) frozen but for steps 2W, 4W, 8W, ... (W = freeze_step), where
+  the true mean gradient trains every coordinate once."""
   p, n = grads[0].shape
   m, v = np.zeros(n), np.zeros(n)
   covered, last = np.zeros(n), np.zeros(n)
@@ -86,7 +88,10 @@ def numpy_synced_adam(grads, *, warmup, freeze_step, density, b1, b2, eps,
       rs = np.zeros_like(rs)
     else:
       new, rs = reference.spardl(local, rs, density, wire="exact")
-    if t <= freeze_step:
+    ratio = t // freeze_step
+    refresh = (second_moment == "refreshed" and t % freeze_step == 0 and ratio >= 2
+               and ratio & (ratio - 1) == 0)
+    if t <= freeze_step or refresh:
       hit, age, mean = np.ones(n, bool), np.ones(n), g.astype(np.float64).mean(0)
     else:
       hit = (new != 0) & (second_moment == "sent")
@@ -119,6 +124,38 @@ def test_second_moment_trains_where_the_sync_delivers():
                                rtol=2e-4, atol=1e-5)
     ages.append(t - np.asarray(state[0].sent_at["w"]))
   assert np.asarray(ages[-1]).max() >= 2  # some coordinates waited, and were trained late
+
+
+def test_refreshed_second_moment_matches_its_numpy_model_and_counts_its_bytes():
+  """second_moment='refreshed' (0/1 Adam's schedule) against its NumPy model: v frozen after
+  a 2-step warm-up but at steps 4 and 8, where the dense mean gradient trains it; those
+  steps send SparDL's bytes plus a float32 ring all-reduce of the gradient (the cost
+  table's formulas), the others SparDL's alone. A non-finite gradient at a refresh step
+  changes no moment."""
+  p, n, b1, b2, eps, density = 4, 60, 0.9, 0.99, 1e-8, 0.2
+  rng = np.random.default_rng(5)
+  grads = [harness.gradients(rng, p, n) for _ in range(7)]
+  tx = sj.adam.scale_by_synced_adam(sj.spardl(density=density, wire="exact", warmup_steps=2),
+                                    freeze_step=2, b1=b1, b2=b2, eps=eps,
+                                    second_moment="refreshed")
+  params = {"w": jnp.zeros((n,))}
+  state = sj.init_opt_state(tx, params, harness.mesh(p))
+  f = harness.update_fn(tx, p, params)
+  want = numpy_synced_adam(grads, warmup=2, freeze_step=2, density=density, b1=b1, b2=b2,
+                           eps=eps, second_moment="refreshed")
+  sparse = formulas.spardl(p, n, density)["bytes"]
+  for t, (g, (want_out, _)) in enumerate(zip(grads, want), start=1):
+    out, state = f(harness.put_rows(p, {"w": jnp.asarray(g)}), state)
+    np.testing.assert_allclose(np.asarray(out["w"]), want_out, rtol=2e-4, atol=1e-4)
+    if t > 2:
+      extra = formulas.dense(p, n)["bytes"] if t == 4 else 0
+      np.testing.assert_array_equal(np.asarray(state.sync.stats.bytes_sent), sparse + extra)
+  assert set(np.asarray(state.nu_count["w"]).tolist()) == {3}  # the warm-up's 2, step 4's
+  before = [np.asarray(x) for x in (state.mu["w"], state.nu["w"], state.nu_count["w"])]
+  out, state = f(harness.put_rows(p, {"w": jnp.full((p, n), jnp.nan)}), state)  # step 8
+  np.testing.assert_array_equal(np.asarray(out["w"]), 0)
+  for got, was in zip((state.mu["w"], state.nu["w"], state.nu_count["w"]), before):
+    np.testing.assert_array_equal(np.asarray(got), was)
 
 
 def test_synced_adam_matches_its_numpy_model():
