@@ -233,8 +233,13 @@ def test_synced_adam_bad_input_is_named():
   with pytest.raises(ValueError, match="sends must be one of .'momentum', 'preconditioned'.,"
                                        " got 'gradient'"):
     sj.adam.scale_by_synced_adam(sj.spardl(), freeze_step=3, sends="gradient")
-  with pytest.raises(ValueError, match="second_moment must be one of .'frozen', 'sent'."):
+  with pytest.raises(ValueError, match="second_moment must be one of .'frozen', 'sent', "
+                                       "'refreshed'.,"):
     sj.adam.scale_by_synced_adam(sj.spardl(), freeze_step=3, second_moment="adaptive")
+  with pytest.raises(ValueError, match="second_moment='refreshed' averages the gradient over "
+                                       "the sync's data axes .* not a chain"):
+    sj.adam.scale_by_synced_adam(optax.chain(sj.spardl()), freeze_step=3,
+                                 second_moment="refreshed")
   with pytest.raises(ValueError, match="synced_adamw: warmup_steps must be an int >= 1, got 0"):
     sj.synced_adamw(1e-3, warmup_steps=0)
   with pytest.raises(ValueError, match="nosuch"):
