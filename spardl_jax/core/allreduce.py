@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax.core import (bruck, cost, gres, h_controller, ints, messages, protocol, sag, schedule,
-                             sparse, srs, topk)
+from spardl_jax.core import (bruck, cost, gres, h_controller, ints, messages, protocol, sag,
+                             schedule, sparse, srs, topk)
 from spardl_jax.core.config import BlockLayout, SparDLConfig, check_dtype, check_number
 from spardl_jax.core.nonfinite import NonFinite, check_policy, skip_if
 
@@ -359,8 +359,9 @@ def collect_residual(reduced: srs.SRSResult, agreed: sag.SagResult,
   own = frame.rank[None]
   selected = jnp.concatenate([reduced.selected, frame.positions(own, agreed.sent[None])])
   # The rest of a held entry, read where this worker selected (a few kb entries).
-  flat = jnp.minimum(ints.div(selected, frame.mc) * frame.layout.m + ints.rem(selected, frame.mc),
-                     frame.layout.n - 1)
+  flat = jnp.minimum(
+      ints.div(selected, frame.mc) * frame.layout.m + ints.rem(selected, frame.mc),
+      frame.layout.n - 1)
   valid = (selected < frame.size) & (ints.rem(selected, frame.mc) < frame.layout.m)
   x, old = gradient
   top = jnp.finfo(reduced.buf.dtype).max

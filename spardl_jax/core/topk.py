@@ -261,8 +261,10 @@ def block_topk(buf: jax.Array, rows: jax.Array, kb: int, chunk: int, *,
   # Both stages read the rows straight from `buf`: the chunk maxima reduce the gathered rows
   # as they are read, and stage 2 gathers only the chosen chunks, so no copy of the L rows
   # (half the vector in SRS's first step) is ever written.
-  chunks = select(keys(ints.get(chunked, rows)).max(axis=-1), kc, method=method)  # (L, kc), ascending
+  # (L, kc), ascending
+  chunks = select(keys(ints.get(chunked, rows)).max(axis=-1), kc, method=method)
   entries = ints.get(chunked, (rows[:, None], chunks)).reshape(-1, kc * chunk)
   pos = select(keys(entries), kb, method=method)
-  offsets = ints.take_along(chunks, ints.div(pos, chunk), axis=1) * chunk + ints.rem(pos, chunk)
+  offsets = (ints.take_along(chunks, ints.div(pos, chunk), axis=1) * chunk
+             + ints.rem(pos, chunk))
   return offsets, ints.take_along(entries, pos, axis=1)

@@ -254,10 +254,10 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
     eps: added to ``sqrt(v_hat)``, a finite number > 0.
     sends: ``"momentum"`` or ``"preconditioned"`` (above).
     second_moment: ``"frozen"`` after the warm-up, trained where ``"sent"``, or
-      ``"refreshed"`` densely at growing intervals (above). Frozen after a short warm-up, ``v`` holds few samples of the mean gradient's square,
-      near 0 for some coordinates, whose steps then grow far beyond the learning rate
-      (PowerSGD with a one-step warm-up diverged in two steps); ``"sent"`` goes on
-      training it.
+      ``"refreshed"`` densely at growing intervals (above). Frozen after a short warm-up,
+      ``v`` holds few samples of the mean gradient's square, near 0 for some coordinates,
+      whose steps then grow far beyond the learning rate (PowerSGD with a one-step warm-up
+      diverged in two steps); ``"sent"`` goes on training it, ``"refreshed"`` now and then.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -336,8 +336,8 @@ def _refreshed(fresh: jax.Array, grads, mean, sync_state, axes):
   ``grads`` over ``axes``, in full precision, in place of ``mean``, and its ring all-reduce's
   bytes added to the sync's stats; elsewhere both as they were."""
   def dense():
-    return jax.tree.map(lambda g, m: jax.lax.pmean(g.astype(jnp.float32), axes).astype(m.dtype),
-                        grads, mean)
+    return jax.tree.map(
+        lambda g, m: jax.lax.pmean(g.astype(jnp.float32), axes).astype(m.dtype), grads, mean)
 
   mean = jax.lax.cond(fresh, dense, lambda: mean)
   p = math.prod(jax.lax.axis_size(a) for a in axes)
