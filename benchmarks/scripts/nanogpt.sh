@@ -17,12 +17,13 @@ for v in ${VARIANTS:-vectors recipe local_vectors vectors_2 vectors_4 vectors_5 
 done
 dirs=$(ls -d $R/*/ | grep -v /table/ | tr '\n' ',' | sed 's/,$//; s/\/,/,/g; s/\/$//')
 $RUN --report "$dirs" --out $R/table
-# The sharded twin (data 4, model 2): dense (seed 0) and the finalist on three seeds.
+# The sharded twin (data 4, model 2): dense (seeds 0 and 1) and the finalist on three seeds.
 S=benchmarks/results/adam/nanogpt_sharded
 SH="python -m benchmarks.convergence --cases shakespeare_nanogpt_sharded --on loss --target 0.98"
 [ -f $S/dense/results.json ] || $SH --variants dense --seeds 0 --out $S/dense
+[ -f $S/dense_s1/results.json ] || $SH --variants dense --seeds 1 --out $S/dense_s1
 for seed in 0 1 2; do
   out=$S/vectors_int8_7$([ $seed = 0 ] || echo _s$seed)
   [ -f $out/results.json ] || $SH --variants vectors_int8_7 --no-dense --seeds $seed --out $out
 done
-$SH --report $S/dense,$S/vectors_int8_7,$S/vectors_int8_7_s1,$S/vectors_int8_7_s2 --out $S/table
+$SH --report $S/dense,$S/dense_s1,$S/vectors_int8_7,$S/vectors_int8_7_s1,$S/vectors_int8_7_s2 --out $S/table
