@@ -225,8 +225,8 @@ ADAM_KEYS = ("dense", "dense_tuned", "paper", "frozen", "correction", "synced",
 # The nanoGPT case's mechanisms, each beside today's recipe, and the competitors.
 NANOGPT_KEYS = ("dense", "recipe", "vectors", "local", "local_vectors", "recipe_2",
                 "vectors_2", "vectors_4", "vectors_5", "balanced", "balanced_5",
-                "vectors_int8_7", "vectors_int8_7_refreshed", "vectors_int4_8", "demo", "demo_topka", "paper", "topka",
-                "topka_vectors", "powersgd", "dense_bf16")
+                "vectors_int8_7", "vectors_int8_7_refreshed", "vectors_int4_8", "demo",
+                "demo_topka", "paper", "topka", "topka_vectors", "powersgd", "dense_bf16")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)
 GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS, "adam": ADAM_KEYS,

@@ -63,7 +63,7 @@ class Tuning(NamedTuple):
   outer_momentum: float | None = None  # its momentum (default --outer-momentum)
   decay: float | None = None         # SparseLoCo's error-feedback decay (residual_decay)
   synced: str | None = None          # AdamW: sync Adam's "momentum" or "preconditioned" gradient
-  second_moment: str | None = None   # with synced: v "frozen" after the warm-up, trained where "sent", or "refreshed"
+  second_moment: str | None = None   # with synced: v "frozen", trained where "sent", "refreshed"
   dense_leaves: str | None = None    # leaves averaged densely outside the method: "vectors" or N entries
   delay: int | None = None           # 1: each step syncs the last step's gradient (overlap)
   lookahead: float | None = None     # with delay=1: the gradient taken ahead, by this fraction

@@ -10,13 +10,14 @@ R=benchmarks/results/adam/nanogpt
 RUN="python -m benchmarks.convergence --cases shakespeare_nanogpt --on loss --target 0.98"
 [ -f $R/dense/results.json ] || $RUN --variants dense --seeds 0,1,2 --out $R/dense
 for v in ${VARIANTS:-vectors recipe local_vectors vectors_2 vectors_4 vectors_5 powersgd \
-             balanced balanced_5 vectors_int8_7 vectors_int8_7_refreshed vectors_int4_8 demo demo_topka topka_vectors \
-             dense_bf16}; do
+             balanced balanced_5 vectors_int8_7 vectors_int8_7_refreshed vectors_int4_8 demo \
+             demo_topka topka_vectors dense_bf16}; do
   out=$R/$v${OUT_SUFFIX:-}
   [ -f $out/results.json ] || $RUN --variants $v --no-dense --seeds ${SEEDS:-0} --out $out
 done
-dirs=$(ls -d $R/*/ | grep -v /table/ | tr '\n' ',' | sed 's/,$//; s/\/,/,/g; s/\/$//')
-$RUN --report "$dirs" --out $R/table
+# Every run folder under $1 (a variant's seeds may lie in several), comma-separated.
+folders() { ls -d $1/*/ | grep -v /table/ | tr '\n' ',' | sed 's/,$//; s/\/,/,/g; s/\/$//'; }
+$RUN --report "$(folders $R)" --out $R/table
 # The sharded twin (data 4, model 2): dense (seeds 0 and 1) and the finalist on three seeds.
 S=benchmarks/results/adam/nanogpt_sharded
 SH="python -m benchmarks.convergence --cases shakespeare_nanogpt_sharded --on loss --target 0.98"
@@ -26,4 +27,4 @@ for seed in 0 1 2; do
   out=$S/vectors_int8_7$([ $seed = 0 ] || echo _s$seed)
   [ -f $out/results.json ] || $SH --variants vectors_int8_7 --no-dense --seeds $seed --out $out
 done
-$SH --report $S/dense,$S/dense_s1,$S/vectors_int8_7,$S/vectors_int8_7_s1,$S/vectors_int8_7_s2 --out $S/table
+$SH --report "$(folders $S)" --out $S/table
