@@ -179,14 +179,14 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, float]:
 
   from models import MODELS, create
   from models.registry import abstract_params
-  from train.config import OPTION_DEFAULTS, parse_variant
+  from train.config import parse_variant
 
   shapes = [leaf.shape for leaf in jax.tree.leaves(abstract_params(
       create(CASE["model"], size, num_classes=10), MODELS[CASE["model"]].example))]
   n = sum(math.prod(s) for s in shapes)
   rounds = {}
   for spec in specs:
-    variant = parse_variant(spec, **OPTION_DEFAULTS)
+    variant = parse_variant(spec)
     method = variant.spec.build(p).for_leaves(shapes)
     rounds[spec] = int(method.formula(p=p, n=n, itemsize=4).rounds) / (
         variant.tuning.outer or 1)

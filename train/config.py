@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import typing
 from typing import Any, Literal, NamedTuple
 
@@ -188,12 +188,15 @@ class TrainConfig:
   outer_momentum: float = 0.5
 
 
-def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str) -> Variant:
+def parse_variant(text: str, *, recipe: Mapping[str, Mapping[str, Any]] | None = None,
+                  **flags) -> Variant:
   """``method[:key=value...]`` -> :class:`Variant`.
 
   Keys of :data:`TUNING` are the variant's tuning; the others are the method's options (see
-  :func:`spardl_jax.methods.parse`). Options not in ``text`` come from ``--density``,
-  ``--teams``, ``--sag``, ``--residuals``; tuning not in ``text`` from the recipe
+  :func:`spardl_jax.methods.parse`). Options not in ``text`` come from ``flags`` (the
+  trainer's ``--density``, ``--teams``, ``--sag``, ``--residuals``; None: not given), then
+  from ``recipe`` (method -> options, :data:`RECIPE_OPTIONS`) unless the spec runs its own
+  outer loop, then from :data:`OPTION_DEFAULTS`; tuning not in ``text`` from the recipe
   (``TrainConfig.recipe``) for sparse methods, when the run starts.
   """
   method, pairs = methods.split_spec(text)
@@ -211,27 +214,29 @@ def parse_variant(text: str, *, density: float, teams, sag: str, residuals: str)
         raise ValueError(f"method spec {text!r}: {key} must be {rule.allowed}, got {value}.")
     else:
       rest.append(pair)
-  method, options = methods.parse(":".join(rest), density=density, teams=teams, sag=sag,
-                                  residuals=residuals)
+  by_recipe = {} if recipe is None or "outer" in tuning else recipe.get(method, {})
+  given = {key: value for key, value in flags.items() if value is not None}
+  method, options = methods.parse(":".join(rest), **{**OPTION_DEFAULTS, **by_recipe, **given})
   return Variant(text, method, options, Tuning(**tuning))
 
 
-# The method options --compare's specs leave out: the trainer's --density, --teams, --sag
-# and --residuals default to these.
+# The method options --compare's specs, the recipe and the trainer's --density, --teams,
+# --sag and --residuals leave out.
 OPTION_DEFAULTS: dict[str, Any] = {
     "density": 0.01, **{f.name: f.default for f in dataclasses.fields(sj.collectives.SparDLConfig)
                         if f.name in ("teams", "sag", "residuals")}}
 
 
-def parse_variants(texts: list[str], **defaults) -> tuple[Variant, ...]:
-  """Every spec of a ``--compare`` list as a :class:`Variant`, each method built once so a
-  bad option fails now, before any training; ``defaults`` override :data:`OPTION_DEFAULTS`.
-  A ValueError names the spec."""
+def parse_variants(texts: list[str], *, recipe: Mapping[str, Mapping[str, Any]] | None = None,
+                   **flags) -> tuple[Variant, ...]:
+  """Every spec of a ``--compare`` list as a :class:`Variant` (:func:`parse_variant` with
+  ``recipe`` and ``flags``), each method built once so a bad option fails now, before any
+  training. A ValueError names the spec."""
   if not texts:
     raise ValueError("--compare needs at least one method, e.g. 'dense,spardl'.")
   variants = []
   for text in texts:
-    variant = parse_variant(text, **{**OPTION_DEFAULTS, **defaults})
+    variant = parse_variant(text, recipe=recipe, **flags)
     try:
       # A density picked from the devices (density=auto) is picked by the sync itself; any
       # device count checks the other options here.
@@ -248,18 +253,26 @@ def parse_variants(texts: list[str], **defaults) -> tuple[Variant, ...]:
 
 
 # Tuning defaults of the sparse variants, by recipe and optimizer (``--recipe``); lengths in
-# epochs. ``recommended`` is what docs/trainer.md measured to converge fastest within a
-# tenth of dense's bytes; ``paper`` is the plain SparDL of the paper, for the ablation.
-# SGD: the residual already stores past gradient, so the optimizer replays less of it
-# (momentum 0.5 at the same lr / (1 - momentum)). AdamW: Adam around the sync, as in 1-bit
-# Adam's compression stage: a short dense warm-up trains Adam's second moment on the mean
-# gradient, then the sync averages Adam's first moment (with its error feedback) in place of
-# the gradient, and the second moment trains on what the sync delivers
-# (benchmarks/results/adam.md measured it against the pieces).
+# epochs. ``recommended`` is what converged fastest within a tenth of dense's bytes
+# (docs/trainer.md, benchmarks/results/adam.md); ``paper`` is the plain SparDL of the paper,
+# for the ablation. SGD: the residual already stores past gradient, so the optimizer replays
+# less of it (momentum 0.5 at the same lr / (1 - momentum)). AdamW: Adam around the sync, as
+# in 1-bit Adam's compression stage: a short dense warm-up trains Adam's second moment on the
+# mean gradient, then the sync averages Adam's first moment (with its error feedback) in place
+# of the gradient, the second moment trains on what the sync delivers, and the 1-D leaves
+# (biases, norm scales) are averaged densely beside the sync.
 RECIPES: dict[str, dict[str, dict[str, float | str]]] = {
     "recommended": {"sgd": {"opt_momentum": 0.5},
                     "adamw": {"warmup_epochs": 0.25, "synced": "momentum",
-                              "second_moment": "sent"}},
+                              "second_moment": "sent", "dense_leaves": "vectors"}},
+    "paper": {"sgd": {}, "adamw": {}},
+}
+# The method options of each recipe, by optimizer and method, where neither the spec nor a
+# flag gives them. AdamW: SparDL at 7 % with 8-bit values, the finalist that met issue 46's
+# targets on nanoGPT (1/15 of dense's bytes; benchmarks/results/adam.md); other sparse
+# methods keep --density's default, whose bytes 7 % would multiply by 7.
+RECIPE_OPTIONS: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
+    "recommended": {"sgd": {}, "adamw": {"spardl": {"density": 0.07, "wire": "int8"}}},
     "paper": {"sgd": {}, "adamw": {}},
 }
 _EPOCH_KEYS = {"warmup_epochs": "warmup", "ramp_epochs": "ramp", "freeze_epochs": "freeze"}

@@ -17,8 +17,8 @@ from models import MODELS, describe
 from models.registry import SIZES
 import spardl_jax as sj
 from train.config import (DECAY_ON, LR_SCHEDULES, NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, OPTIMIZERS,
-                          OPTION_DEFAULTS, POSITIVE_FLOAT, POSITIVE_INT, RECIPES, TUNING,
-                          UNIT_FLOAT, TrainConfig, parse_mesh, parse_variants)
+                          OPTION_DEFAULTS, POSITIVE_FLOAT, POSITIVE_INT, RECIPE_OPTIONS, RECIPES,
+                          TUNING, UNIT_FLOAT, TrainConfig, parse_mesh, parse_variants)
 from train.data import DATASETS
 
 log = logging.getLogger("train")
@@ -68,14 +68,16 @@ def _parse_args(argv):
                       "method[:key=value...] with the method's options and the tuning keys "
                       f"{', '.join(TUNING)}, e.g. 'dense,spardl,spardl:density=0.001,"
                       "spardl:warmup=31:momentum=0.9' (default: %(default)s)")
-  p.add_argument("--density", type=_density, default=OPTION_DEFAULTS["density"],
+  p.add_argument("--density", type=_density, default=None,
                  help="the sparse methods' density, in (0, 1], or 'auto' (picked from the "
-                      "devices, sj.density_rule) (default %(default)s)")
-  p.add_argument("--teams", type=sj.methods.parse_teams, default=OPTION_DEFAULTS["teams"],
+                      "devices, sj.density_rule) (default: the recipe's, 0.07 for SparDL "
+                      f"with AdamW; else {OPTION_DEFAULTS['density']})")
+  p.add_argument("--teams", type=sj.methods.parse_teams, default=None,
                  help="SparDL teams d, or 'auto' for the alpha-beta model's pick (default 1)")
-  p.add_argument("--sag", default=OPTION_DEFAULTS["sag"], choices=sj.options.SAG_MODES,
+  p.add_argument("--sag", default=None, choices=sj.options.SAG_MODES,
                  help="Spar-All-Gather for teams > 1 (default: R-SAG when d is a power of two)")
-  p.add_argument("--residuals", default=OPTION_DEFAULTS["residuals"], choices=sj.options.RESIDUAL_MODES)
+  p.add_argument("--residuals", default=None, choices=sj.options.RESIDUAL_MODES,
+                 help=f"where SparDL's residuals go (default: {OPTION_DEFAULTS['residuals']})")
   p.add_argument("--devices", type=POSITIVE_INT, default=d.devices,
                  help="devices on the data axis (default: all devices of the job; in one "
                       "CPU process, 8 simulated devices)")
@@ -165,11 +167,13 @@ def main(argv=None) -> int:
 
 def _variants(args) -> tuple:
   """Every ``--compare`` variant (or the one ``--method``), parsed and built now, so a bad
-  one fails before any training."""
+  one fails before any training. The recipe's method options fill what the spec and the
+  flags leave out, except under an outer loop, where no recipe applies."""
   texts = [args.method] if args.method else [t for t in args.compare.split(",") if t]
+  recipe = {} if args.outer_every else RECIPE_OPTIONS[args.recipe][args.optimizer]
   try:
-    return parse_variants(texts, density=args.density, teams=args.teams, sag=args.sag,
-                          residuals=args.residuals)
+    return parse_variants(texts, recipe=recipe, density=args.density, teams=args.teams,
+                          sag=args.sag, residuals=args.residuals)
   except (ValueError, TypeError) as error:
     raise UsageError(str(error)) from None
 
@@ -239,9 +243,13 @@ def _train_variants(args, cfg: TrainConfig, variants, mesh) -> int:
              "parameter change for a Nesterov step (lr %g, momentum %g); no recipe applies",
              cfg.outer_every, cfg.outer_lr, cfg.outer_momentum)
   elif any(sj.methods.is_sparse(v.method) for v in variants):
-    recipe = RECIPES[cfg.recipe][cfg.optimizer]
-    log.info("sparse methods use the %r recipe (%s) unless their spec says otherwise%s",
-             cfg.recipe, ", ".join(f"{k}={v}" for k, v in recipe.items()) or "no tuning",
+    recipe = {**RECIPES[cfg.recipe][cfg.optimizer], **{
+        f"{method}:{key}": value
+        for method, options in RECIPE_OPTIONS[cfg.recipe][cfg.optimizer].items()
+        for key, value in options.items()}}
+    log.info("sparse methods use the %r recipe (%s) unless their spec or a flag says "
+             "otherwise%s", cfg.recipe,
+             ", ".join(f"{k}={v}" for k, v in recipe.items()) or "no tuning",
              "; --recipe paper for plain SparDL" if recipe else "")
   ckpts = {v.label: (os.path.join(cfg.out, "checkpoints", v.label.replace(":", "_"))
                     if args.checkpoint else None) for v in variants}

@@ -227,9 +227,9 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
                            mask=decay_mask, warmup_steps=warmup, **sync_options,
                            **({} if decay is None else {"decay": decay})))
   if tuning.synced:
-    # The trainer's density and wire are its flags' and its spec's, shared with SGD, and
-    # its leaves all go through the method unless dense_leaves= says otherwise: not
-    # synced_adamw's defaults (the measured best for AdamW: docs/trainer.md).
+    # The density, wire and dense leaves are the spec's, the flags' or the recipe's
+    # (RECIPE_OPTIONS, RECIPES): synced_adamw's own defaults never fill them in, so that
+    # --recipe paper with synced= keeps SparDL's wire and every leaf through the method.
     if variant.method == "spardl":
       sync_options.setdefault("wire", sj.collectives.SparDLConfig.wire)
     return clipped(sj.synced_adamw(

@@ -420,19 +420,45 @@ def test_sign_builds_demo_in_place_of_the_recipe():
   v = parse_variant("spardl:sign=1:decay=0.9:warmup=0:wire=exact", density=0.5, teams=1,
                     sag="auto", residuals="global")
   tx = make_optimizer(cfg, v, steps_per_epoch=10)
-  params = {"w": jnp.ones((8,), jnp.float32)}
+  # A matrix: the AdamW recipe keeps 1-D leaves dense, outside the method.
+  params = {"w": jnp.ones((2, 4), jnp.float32)}
   p = 2
   state = sj.init_opt_state(tx, params, harness.mesh(p))
   assert sj.sync_stats(state) is not None and not hasattr(state[0], "mu")
-  g = np.tile(np.linspace(-1, 1, 8, dtype=np.float32), (p, 1))
+  g = np.tile(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4), (p, 1, 1))
   updates, _ = harness.update_fn(tx, p, params)(harness.put_rows(p, {"w": g}), state)
-  y = np.where(np.abs(g[0]) >= np.sort(np.abs(g[0]))[-4], g[0], 0)  # top half, alike
+  y = np.where(np.abs(g[0]) >= np.sort(np.abs(g[0]), axis=None)[-4], g[0], 0)  # top half
   np.testing.assert_allclose(updates["w"], -0.01 * (np.sign(y) + 0.5), rtol=1e-6)
   for bad in ("dense:sign=1", "spardl:sign=1:synced=momentum:warmup=2",
               "spardl:sign=1:outer=2"):
     with pytest.raises(ValueError, match="sign=1 .DeMo"):
       make_optimizer(cfg, parse_variant(bad, density=0.01, teams=1, sag="auto",
                                         residuals="global"), steps_per_epoch=10)
+
+
+def test_the_adamw_recipe_is_the_nanogpt_finalist():
+  """Under --optimizer adamw the recommended recipe gives SparDL the finalist of
+  benchmarks/results/adam.md (7 %, 8-bit values, 1-D leaves dense); a spec's or a flag's
+  option wins, other sparse methods keep --density's default, and neither an outer loop nor
+  --recipe paper nor SGD takes it."""
+  from train.main import _parse_args, _variants
+
+  def options(*argv):
+    return [v.options for v in _variants(_parse_args(["--compare", *argv]))]
+
+  finalist, topka, given = options("spardl,topka,spardl:density=0.02:wire=exact",
+                                   "--optimizer", "adamw")
+  assert (finalist["density"], finalist["wire"], topka["density"]) == (0.07, "int8", 0.01)
+  assert (given["density"], given["wire"]) == (0.02, "exact")
+  assert options("spardl", "--optimizer", "adamw", "--density", "0.03")[0]["density"] == 0.03
+  for argv in (("spardl:outer=4", "--optimizer", "adamw"),
+               ("spardl", "--optimizer", "adamw", "--recipe", "paper"),
+               ("spardl", "--outer-every", "4", "--optimizer", "adamw"), ("spardl",)):
+    plain = options(*argv)[0]
+    assert plain["density"] == 0.01 and "wire" not in plain, argv
+  assert variant_tuning(TrainConfig(optimizer="adamw"), SPARDL,
+                        steps_per_epoch=8).dense_leaves == "vectors"
+  assert variant_tuning(TrainConfig(), SPARDL, steps_per_epoch=8).dense_leaves is None
 
 
 def test_variant_tuning_and_recipes():
@@ -451,7 +477,7 @@ def test_variant_tuning_and_recipes():
                        density=0.01, teams=1, sag="auto", residuals="global")
   assert loco.options == {"density": 0.03, "bits": None}
   assert loco.tuning.given() == {"outer": 4, "outer_momentum": 0.0, "decay": 0.9}
-  params = {"w": jnp.zeros((40,))}
+  params = {"w": jnp.zeros((4, 10))}  # a matrix: the AdamW recipe keeps 1-D leaves dense
   state = sj.init_opt_state(make_optimizer(TrainConfig(), loco, steps_per_epoch=10), params,
                             make_mesh(2))
   assert not jax.tree.leaves(state.outer) and state.sync.method_state.residual.shape == (2, 40)
