@@ -271,6 +271,19 @@ def _reduce_aux(aux, rows: int | None, data: tuple[str, ...]):
   return jax.tree.map(reduce, aux)
 
 
+def _data_axes(mesh, axis_name: str, local_axis: str | None) -> tuple[str, ...]:
+  """The step's data axes, ``(axis_name,)`` or ``(axis_name, local_axis)``, checked."""
+  check_axis(mesh, axis_name, "data_parallel_step")
+  if local_axis is None:
+    return (axis_name,)
+  check_axis(mesh, local_axis, "data_parallel_step", "local_axis")
+  if local_axis == axis_name:
+    raise ValueError(f"data_parallel_step: local_axis must be a mesh axis other than "
+                     f"axis_name={axis_name!r} (a second data axis inside a host), got "
+                     f"{local_axis!r}.")
+  return (axis_name, local_axis)
+
+
 def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *,
                        axis_name: str = "data", local_axis: str | None = None,
                        has_aux: bool = False):
@@ -322,15 +335,7 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
     >>> float(loss)
     1.0
   """
-  check_axis(mesh, axis_name, "data_parallel_step")
-  data: tuple[str, ...] = (axis_name,)
-  if local_axis is not None:
-    check_axis(mesh, local_axis, "data_parallel_step", "local_axis")
-    if local_axis == axis_name:
-      raise ValueError(f"data_parallel_step: local_axis must be a mesh axis other than "
-                       f"axis_name={axis_name!r} (a second data axis inside a host), got "
-                       f"{local_axis!r}.")
-    data = (axis_name, local_axis)
+  data = _data_axes(mesh, axis_name, local_axis)
   if not callable(loss_fn):
     raise TypeError(f"data_parallel_step: loss_fn must be callable, got {type(loss_fn).__name__}.")
   split = PartitionSpec(data if local_axis else axis_name)
