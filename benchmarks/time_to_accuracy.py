@@ -280,6 +280,39 @@ def _ranked(group: list[dict], key: str) -> tuple[list[dict], float | None]:
           min(reached, default=None))
 
 
+def side_by_side(rows: list[dict], summary: list[dict]) -> list[str]:
+  """One line per method over the rates that every seed ran: the median seconds to each
+  target (each seed's in brackets), the mean seconds per step and the MB each device sent
+  (the mean over those runs)."""
+  seeds = list(dict.fromkeys(r["seed"] for r in rows))
+  rates = [rate for rate in dict.fromkeys(r["rate"] for r in rows)
+           if {r["seed"] for r in rows if r["rate"] == rate} == set(seeds)]
+  fractions = list(dict.fromkeys(r["fraction"] for r in rows))
+  if not rates or len(seeds) < 2:
+    return []
+  head = ["method"]
+  for rate in rates:
+    head += [f"{rate}: {f:.0%}" if i == 0 else f"{f:.0%}" for i, f in enumerate(fractions)]
+    head.append("s/step")
+  head.append("MB/device")
+  lines = ["", "Side by side, the rates every seed ran (medians, each seed's in brackets):", "",
+           "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+  for method in dict.fromkeys(r["method"] for r in rows):
+    cells, sent = [], []
+    for rate in rates:
+      for fraction in fractions:
+        (r,) = [r for r in summary if (r["fraction"], r["rate"], r["method"])
+                == (fraction, rate, method)]
+        cells.append(f"{_seconds(r['median_seconds'])} "
+                     f"({', '.join(map(_seconds, r['seconds_to_target']))})")
+      runs = [r for r in rows if (r["rate"], r["method"], r["fraction"])
+              == (rate, method, fractions[0])]
+      cells.append(f"{statistics.fmean(r['seconds_per_step'] for r in runs):.3f}")
+      sent += [r["bytes_per_device"] / 1e6 for r in runs]
+    lines.append(f"| {method} | {' | '.join(cells)} | {statistics.fmean(sent):,.1f} |")
+  return lines
+
+
 def format_table(rows: list[dict], summary: list[dict], args) -> str:
   """The summary over seeds (:func:`over_seeds` of ``rows``), then each seed's table."""
   lines = [f"{args.processes} processes; latency modeled at {args.alpha * 1e3:g} ms per round; "
@@ -299,6 +332,7 @@ def format_table(rows: list[dict], summary: list[dict], args) -> str:
           f"{'-' if t is None else f'{t / best:.2f}'} | {r['first']} of {len(r['seeds'])} | "
           f"{'-' if r['median_steps'] is None else format(r['median_steps'], 'g')} | "
           f"{r['mean_final_accuracy']:.3f} |")
+  lines += side_by_side(rows, summary)
   for seed in dict.fromkeys(r["seed"] for r in rows):
     lines += ["", f"Seed {seed}:", "",
               "| target | rate | method | seconds to target | × fastest | steps to target | + "
