@@ -141,6 +141,13 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
           f"{k}={v}" for k, v in DENSE_TUNED[case].items()), "dense", {},
           Tuning(**DENSE_TUNED[case]))} if case in DENSE_TUNED else {}),
       "paper": sparse("SparDL (paper)", {}),
+      # The paper's residual ablation (its Fig. 14) and a tenth of the density, plain SparDL.
+      "paper_local": Variant("SparDL (paper), local residuals", "spardl",
+                             {"density": DENSITY, "wire": "exact", "residuals": "local"}),
+      "paper_none": Variant("SparDL (paper), no residuals", "spardl",
+                            {"density": DENSITY, "wire": "exact", "residuals": "none"}),
+      "paper_tenth": Variant(f"SparDL (paper) at {DENSITY / 10:g}", "spardl",
+                             {"density": DENSITY / 10, "wire": "exact"}),
       "warmup": sparse("+ dense warm-up (1 epoch)", {"warmup": steps_per_epoch}),
       "ramp": sparse("+ density warm-up (2 epochs)", {"ramp": 2 * steps_per_epoch}),
       "correction": sparse("+ momentum correction", correction),
@@ -229,12 +236,13 @@ NANOGPT_KEYS = ("dense", "recipe", "vectors", "local", "local_vectors", "recipe_
                 "vectors_2", "vectors_4", "vectors_5", "balanced", "balanced_5",
                 "vectors_int8_7", "vectors_int8_7_refreshed", "vectors_int4_8", "demo",
                 "demo_topka", "paper", "topka", "topka_vectors", "powersgd", "dense_bf16")
+RESIDUAL_KEYS = ("dense", "paper", "paper_tenth", "paper_local", "paper_none")
 LOW_BIT = ("int8", "int4", "int2")
 WIRE_KEYS = ("recipe", "compact", *LOW_BIT)
 GROUPS = {"all": VARIANT_KEYS, "outer": OUTER_KEYS, "wire": WIRE_KEYS, "adam": ADAM_KEYS,
-          "nanogpt": NANOGPT_KEYS}
+          "nanogpt": NANOGPT_KEYS, "residuals": RESIDUAL_KEYS}
 KNOWN = tuple(dict.fromkeys(VARIANT_KEYS + OUTER_KEYS + WIRE_KEYS + ADAM_KEYS
-                            + NANOGPT_KEYS))
+                            + NANOGPT_KEYS + RESIDUAL_KEYS))
 
 
 def _parse_args(argv):

@@ -96,15 +96,31 @@ def format_table(results: list[RunResult]) -> str:
   return "\n".join(lines)
 
 
+def format_markdown(runs: list[dict]) -> str:
+  """The summary of :func:`format_table` as a Markdown table, from ``metrics.json``'s
+  ``runs`` (so that a page can copy it and a test re-render it from the file)."""
+  metric = runs[0]["metric"]
+  lines = [f"| method | test {metric} | best | test loss | bytes/step | ms/step |",
+           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+  for run in runs:
+    values = [h[f"test_{metric}"] for h in run["history"]]
+    best = min(values) if metric == "mae" else max(values)
+    lines.append(f"| {run['method']} | {values[-1]:.4f} | {best:.4f} | "
+                 f"{run['history'][-1]['test_loss']:.4f} | {run['bytes_per_step']:,.0f} | "
+                 f"{run['time_per_step'] * 1e3:.1f} |")
+  return "\n".join(lines) + "\n"
+
+
 def write(out: str, results: list[RunResult], config: dict) -> list[str]:
-  """Writes ``metrics.json``, ``metrics.csv`` and the plot ``<metric>.png`` under ``out``."""
+  """Writes ``metrics.json``, ``metrics.csv``, ``results.md`` (:func:`format_markdown`) and
+  the plot ``<metric>.png`` under ``out``."""
   os.makedirs(out, exist_ok=True)
   # The fields of RunRecord that the config does not hold; _from_json reads them back.
   runs = [{"method": r.variant, "metric": r.metric, "num_params": r.num_params,
            "bytes_per_step": r.bytes_per_step, "time_per_step": r.time_per_step,
            "history": r.history} for r in results]
   paths = [os.path.join(out, name) for name in ("metrics.json", "metrics.csv",
-                                                  f"{results[0].metric}.png")]
+                                                  f"{results[0].metric}.png", "results.md")]
   with open(paths[0], "w") as f:
     json.dump({"config": config, "runs": runs}, f, indent=2)
   with open(paths[1], "w", newline="") as f:
@@ -114,6 +130,8 @@ def write(out: str, results: list[RunResult], config: dict) -> list[str]:
     for r in results:
       for h in r.history:
         writer.writerow([r.variant, *(h[k] for k in keys)])
+  with open(paths[3], "w") as f:
+    f.write(format_markdown(runs))
   _plot(paths[2], results)
   return paths
 

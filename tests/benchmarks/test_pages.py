@@ -50,6 +50,19 @@ def test_a_network_time_to_accuracy_report_re_renders_from_its_raw_file(path):
   assert text + "\n" == _read(os.path.join(os.path.dirname(path), "results.md"))
 
 
+@pytest.mark.parametrize("path", sorted(
+    os.path.dirname(p) for p in glob.glob(os.path.join(RESULTS, "**", "metrics.json"),
+                                          recursive=True)
+    if os.path.exists(os.path.join(os.path.dirname(p), "results.md"))),
+    ids=lambda p: os.path.relpath(p, RESULTS))
+def test_a_trainer_runs_table_re_renders_from_its_metrics(path):
+  """The Markdown summary ``python -m train`` writes beside its ``metrics.json`` (which a
+  page may copy) is that file's runs."""
+  from train import report
+  runs = json.loads(_read(os.path.join(path, "metrics.json")))["runs"]
+  assert report.format_markdown(runs) == _read(os.path.join(path, "results.md"))
+
+
 @pytest.mark.parametrize("path", PROJECTIONS, ids=lambda p: p.split(os.sep)[-2])
 def test_a_projection_table_re_renders_from_its_rows(path):
   raw = json.loads(_read(path))

@@ -76,9 +76,14 @@ def test_cli_smoke_run_writes_metrics_and_plot(tmp_path):
                   "--no-progress", "--compare",
                   "dense,spardl:residuals=local,oktopk:tau=4"])
   assert rc == 0
-  for name in ("metrics.json", "metrics.csv", "accuracy.png"):
+  for name in ("metrics.json", "metrics.csv", "accuracy.png", "results.md"):
     assert os.path.getsize(out / name) > 0
   runs = json.loads((out / "metrics.json").read_text())["runs"]
+  table = (out / "results.md").read_text().splitlines()
+  assert [line.split(" | ")[0] for line in table[2:]] == [
+      "| dense", "| spardl:residuals=local", "| oktopk:tau=4"]
+  assert table[2].endswith(f"| {runs[0]['bytes_per_step']:,.0f} | "
+                           f"{runs[0]['time_per_step'] * 1e3:.1f} |")
   assert [r["method"] for r in runs] == ["dense", "spardl:residuals=local", "oktopk:tau=4"]
   assert runs[1]["bytes_per_step"] < runs[0]["bytes_per_step"]
   assert runs[2]["bytes_per_step"] < runs[0]["bytes_per_step"]
