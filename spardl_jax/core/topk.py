@@ -36,8 +36,8 @@ import jax.numpy as jnp
 
 from spardl_jax.core import ints
 
-__all__ = ['METHODS', 'default_method', 'chunk_size', 'keys', 'kth_largest', 'GroupCounts',
-           'select', 'block_topk']
+__all__ = ['METHODS', 'default_method', 'chunk_size', 'keys', 'kth_largest',
+           'kth_largest_in_chunks', 'GroupCounts', 'select', 'block_topk']
 
 # Below this chunk size two stages save less than they cost.
 _MIN_CHUNK = 4
@@ -104,6 +104,35 @@ def kth_largest(k_: jax.Array, k: int, *, method: Method | None = None) -> jax.A
   # `*_like` keeps the keys' shard_map type (varying over the mesh axis) in the loop carry.
   bounds = (jnp.zeros_like(k_[:, 0]), jnp.full_like(k_[:, 0], 2**_KEY_BITS - 1))
   return jax.lax.fori_loop(0, _KEY_BITS, halve, bounds)[0]
+
+
+def kth_largest_in_chunks(k_: jax.Array, k: int, *, method: Method | None = None) -> jax.Array:
+  """:func:`kth_largest` in two stages, as :func:`block_topk` selects: the ``k`` largest
+  chunk maxima of each row, then the ``k``-th largest key of those chunks (exact: ``k``
+  chunks whose maxima are at least the ``k``-th largest maximum hold ``k`` keys at least that
+  large, and every key above it lies in them). For a long row and a small ``k`` it reads the
+  keys once and then two short rows, where :func:`kth_largest` counts the whole row once per
+  key bit.
+
+  Args:
+    k_: ``(L, N)`` non-negative int32 keys.
+    k: the rank, in ``[1, N]`` (static).
+    method: :func:`select`'s method (``None``: :func:`default_method`).
+
+  Returns:
+    ``(L,)``: the same keys as :func:`kth_largest`.
+  """
+  rows, n = k_.shape
+  chunk = chunk_size(n, k, method=method)
+  if chunk == 1:
+    return kth_largest(k_, k, method=method)
+  # Zero keys pad the last chunk: they never rank above a real key, and where the k-th
+  # largest is 0 the padding changes no count of keys above it.
+  chunked = jnp.pad(k_, ((0, 0), (0, -n % chunk))).reshape(rows, -1, chunk)
+  kc = min(k, chunked.shape[1])
+  chunks = select(chunked.max(axis=-1), kc, method=method)  # (L, kc)
+  entries = ints.get(chunked, (jnp.arange(rows, dtype=jnp.int32)[:, None], chunks))
+  return kth_largest(entries.reshape(rows, kc * chunk), k, method=method)
 
 
 def _kth_largest_radix(k_: jax.Array, k: int) -> jax.Array:

@@ -189,7 +189,10 @@ def _kept_by_the_level(options, state: SyncState, vec, split: flat_layout.Leaves
 
     def largest(v):
       keys = topk.keys(ranked)
-      return jnp.where(keys >= topk.kth_largest(keys[None], k)[0], v, jnp.zeros_like(v))
+      # In chunks: counting the whole vector once per key bit doubled a step of the
+      # look-ahead's paced run (benchmarks/results/network.md, "Hiding the sync").
+      return jnp.where(keys >= topk.kth_largest_in_chunks(keys[None], k)[0], v,
+                       jnp.zeros_like(v))
     return largest
 
   if len(bound) == 1:

@@ -116,6 +116,24 @@ def test_kth_largest_is_the_kth_key(method):
     np.testing.assert_array_equal(got, -np.sort(-keys, axis=1)[:, k - 1])
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_kth_largest_in_chunks_is_the_kth_key(method):
+  """Two stages give NumPy's k-th largest key: rows of distinct keys, of few values (ties
+  across chunks), of zeros, with fewer non-zeros than k, a length no chunk divides, and k
+  above the number of chunks."""
+  rng = np.random.default_rng(4)
+  n = 10_007
+  keys = np.abs(rng.standard_normal((5, n)).astype(np.float32)).view(np.int32)
+  keys[1] = np.abs(np.round(rng.standard_normal(n))).astype(np.float32).view(np.int32)
+  keys[2] = 0
+  keys[3] = 0
+  keys[3, rng.choice(n, 20, replace=False)] = rng.integers(1, 1 << 30, 20)
+  for k in (1, 17, 100, 3_000, n):
+    got = np.asarray(jax.jit(functools.partial(topk.kth_largest_in_chunks, method=method),
+                             static_argnums=1)(jnp.asarray(keys), k))
+    np.testing.assert_array_equal(got, -np.sort(-keys, axis=1)[:, k - 1], err_msg=f"k={k}")
+
+
 @pytest.mark.parametrize("method,teams", [("count", 1), ("radix", 1), ("radix", 2)])
 def test_the_compiled_sync_sorts_nothing(monkeypatch, method, teams):
   """With the CPU's selection (count) and the GPU's (radix, forced here), SparDL's whole
