@@ -170,6 +170,22 @@ def report(method_spec: str, *, p: int, n: int, simulated: bool, rows, total: fl
   return "\n".join(lines)
 
 
+def compare(profiles: dict[str, dict]) -> str:
+  """Stage by stage (:func:`coarse`), ms per rank and call, of ``--out`` files side by
+  side: one column per label, the stages in the first file's order, those under 0.05 ms in
+  every file left out."""
+  sums = {label: dict(coarse([(r["stage"], r["module"], r["us"]) for r in raw["rows"]]))
+          for label, raw in profiles.items()}
+  stages = [stage for stage in dict.fromkeys(s for column in sums.values() for s in column)
+            if any(column.get(stage, 0.0) >= 50 for column in sums.values())]
+  lines = ["| stage | " + " | ".join(profiles) + " |", "|---" + "|---:" * len(profiles) + "|"]
+  lines += [f"| {stage} | " + " | ".join(f"{sums[label].get(stage, 0.0) / 1e3:.1f}"
+                                          for label in profiles) + " |" for stage in stages]
+  lines.append("| in all | " + " | ".join(f"{raw['total_us'] / 1e3:.1f}"
+                                           for raw in profiles.values()) + " |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.sync_profile",
                                    description=__doc__,
@@ -184,7 +200,21 @@ def main(argv=None) -> int:
   parser.add_argument("--density", type=float, default=0.01)
   parser.add_argument("--calls", type=int, default=3)
   parser.add_argument("--out", help="a JSON file for the rows")
+  parser.add_argument("--compare", metavar="LABEL=FILE,...",
+                      help="print the stages of earlier --out files side by side, and run "
+                           "nothing")
   args = parser.parse_args(argv)
+  if args.compare:
+    pairs = [part.partition("=") for part in args.compare.split(",")]
+    if any(not sep or not label or not path for label, sep, path in pairs):
+      parser.error(f"--compare {args.compare!r}: give LABEL=FILE pairs, e.g. "
+                   f"before=a.json,now=b.json")
+    profiles = {}
+    for label, _, path in pairs:
+      with open(path) as f:
+        profiles[label] = json.load(f)
+    print(compare(profiles))
+    return 0
   rows, total = profile(args.method, p=args.ranks, n=args.n, calls=args.calls,
                         density=args.density, simulated=args.simulated)
   print(report(args.method, p=args.ranks, n=args.n, simulated=args.simulated, rows=rows,

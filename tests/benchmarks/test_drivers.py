@@ -108,6 +108,24 @@ def test_the_profile_charges_spardls_stages(capsys):
   assert total > 0 and abs(sum(us for *_, us in rows) - total) < 1e-6 * total
 
 
+def test_the_profile_compares_files_side_by_side(tmp_path, capsys):
+  """--compare sums each file's stages into one column (a fused span charged to its first
+  stage) and runs nothing; a pair without '=' is refused by name."""
+  one = {"total_us": 3000.0, "rows": [
+      {"stage": "spar_reduce_scatter", "module": "srs.py", "us": 2000.0},
+      {"stage": "_stages + spar_reduce_scatter", "module": "allreduce.py", "us": 1000.0}]}
+  two = {"total_us": 1000.0, "rows": [{"stage": "_stages", "module": "allreduce.py",
+                                       "us": 1000.0}]}
+  for name, raw in (("a", one), ("b", two)):
+    (tmp_path / f"{name}.json").write_text(json.dumps(raw))
+  assert sync_profile.main(["--compare", f"x={tmp_path / 'a.json'},y={tmp_path / 'b.json'}"]) == 0
+  assert capsys.readouterr().out.splitlines()[2:] == [
+      "| spar_reduce_scatter | 3.0 | 0.0 |", "| _stages | 0.0 | 1.0 |", "| in all | 3.0 | 1.0 |"]
+  with pytest.raises(SystemExit):
+    sync_profile.main(["--compare", str(tmp_path / "a.json")])
+  assert "LABEL=FILE" in capsys.readouterr().err
+
+
 def test_versus_times_both_versions_of_each_method(capsys):
   """The library against itself at HEAD (any commit a clone has): each method twice, beside
   psum."""

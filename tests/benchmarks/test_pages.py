@@ -178,6 +178,15 @@ def test_a_profile_report_re_renders_from_its_rows(path):
       total=raw["total_us"]) in _read(path[:-5] + ".md")
 
 
+def test_the_selection_pages_stage_comparison_re_renders():
+  from benchmarks import sync_profile
+  raw = os.path.join(RESULTS, "selection")
+  profiles = {label: json.loads(_read(os.path.join(raw, f"profile_cpu_{name}.json")))
+              for label, name in (("before", "d02de91"), ("now", "now"))}
+  assert sync_profile.compare(profiles) + "\n" == _read(
+      os.path.join(raw, "profile_cpu_compare.md"))
+
+
 def _selection_gpu_tables():
   """The H200 section's tables as their JSON files render them (selection, per rank, the
   stages' two), and the per-rank rows."""
@@ -261,7 +270,7 @@ RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence|sca
 # Tables a page still types by hand (issue 45: each is rendered from raw outputs or measured
 # again; the count only falls). Every other table is rendered by the command in the comment
 # above it, or is a copy of a report a driver wrote beside its raw files.
-TYPED = {"adam.md": 1, "cpu_profile.md": 1, "selection.md": 2,
+TYPED = {"adam.md": 1, "cpu_profile.md": 1, "selection.md": 1,
          "sync_methods.md": 1, "training.md": 2}
 
 
