@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import json
 import os
 import statistics
 import subprocess
@@ -22,6 +23,8 @@ import sys
 import tarfile
 import tempfile
 import time
+
+from spardl_jax.tools.provenance import provenance
 
 _OLD = "spardl_then"  # the earlier library's package name in the run
 
@@ -86,6 +89,7 @@ def main(argv=None) -> int:
   parser.add_argument("--density", type=float, default=0.01)
   parser.add_argument("--methods", default="spardl,dense,dense_bf16,topka,topkdsa,gtopk,oktopk")
   parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--out", help="a folder for versus.json (the medians) and versus.md")
   args = parser.parse_args(argv)
   with tempfile.TemporaryDirectory() as folder:
     extract(args.against, folder)
@@ -94,13 +98,32 @@ def main(argv=None) -> int:
       rows = run(args)
     finally:
       sys.path.remove(folder)
-  base = dict(rows)["psum"]
-  print(f"median seconds per sync of {args.repeats}, interleaved; P = {args.devices} simulated "
-        f"devices, n = {args.n:,}, density {args.density}")
-  print("| sync | s | × psum |\n|---|---:|---:|")
-  for label, seconds in rows:
-    print(f"| {label} | {seconds:.3f} | {seconds / base:.2f} |")
+  text = report(rows, vars(args))
+  print(text)
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "versus.json"), "w") as f:
+      json.dump({"args": vars(args), **provenance(), "rows": rows}, f, indent=2)
+    with open(os.path.join(args.out, "versus.md"), "w") as f:
+      f.write(text + "\n")
   return 0
+
+
+def report(rows, args: dict) -> str:
+  """Every sync's median and its ratio to ``psum``, then one line per method: the earlier
+  version's median, today's, their ratio, and today's over ``psum``."""
+  seconds = dict(rows)
+  base = seconds["psum"]
+  lines = [f"median seconds per sync of {args['repeats']}, interleaved; P = {args['devices']} "
+           f"simulated devices, n = {args['n']:,}, density {args['density']}",
+           "| sync | s | × psum |", "|---|---:|---:|"]
+  lines += [f"| {label} | {s:.3f} | {s / base:.2f} |" for label, s in rows]
+  lines += ["", f"| method | before ({args['against']}) | now | now / before | now × psum |",
+            "| --- | ---: | ---: | ---: | ---: |"]
+  for spec in args["methods"].split(","):
+    then, now = seconds[f"{spec} ({args['against']})"], seconds[f"{spec} (now)"]
+    lines.append(f"| {spec} | {then:.3f} | {now:.3f} | {now / then:.2f} | {now / base:.2f} |")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":
