@@ -187,6 +187,13 @@ def test_the_selection_pages_stage_comparison_re_renders():
       os.path.join(raw, "profile_cpu_compare.md"))
 
 
+def test_a_versus_report_re_renders_from_its_medians():
+  from benchmarks import versus
+  raw = json.loads(_read(os.path.join(RESULTS, "selection", "versus_cpu", "versus.json")))
+  assert versus.report([tuple(r) for r in raw["rows"]], raw["args"]) + "\n" == _read(
+      os.path.join(RESULTS, "selection", "versus_cpu", "versus.md"))
+
+
 def _selection_gpu_tables():
   """The H200 section's tables as their JSON files render them (selection, per rank, the
   stages' two), and the per-rank rows."""
@@ -270,8 +277,7 @@ RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence|sca
 # Tables a page still types by hand (issue 45: each is rendered from raw outputs or measured
 # again; the count only falls). Every other table is rendered by the command in the comment
 # above it, or is a copy of a report a driver wrote beside its raw files.
-TYPED = {"adam.md": 1, "cpu_profile.md": 1, "selection.md": 1,
-         "sync_methods.md": 1, "training.md": 2}
+TYPED = {"adam.md": 1, "cpu_profile.md": 1, "sync_methods.md": 1, "training.md": 2}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=os.path.basename)
