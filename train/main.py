@@ -282,6 +282,6 @@ def _train_each(args, cfg: TrainConfig, variants, ds, mesh, ckpts) -> int:
     if jax.process_index() == 0:  # after each variant: a later failure keeps these
       paths = report.write(cfg.out, results, dataclasses.asdict(cfg))
   if jax.process_index() == 0:
-    print(report.format_table(results))
+    print(report.format_table(report.runs_of(results)))
     log.info("wrote %s", ", ".join(paths))
   return 0

@@ -78,47 +78,48 @@ def read(path: str) -> list[RunRecord]:
                      f"{error})") from None
 
 
-def _best(r: RunResult) -> float:
-  values = [h[f"test_{r.metric}"] for h in r.history]
-  return min(values) if r.metric == "mae" else max(values)
+def _summary(run: dict) -> tuple[str, float, float, float, float, float]:
+  """One run of ``metrics.json``'s ``runs``: its label, final and best test metric, final
+  test loss, bytes sent per step and device, and milliseconds per step."""
+  values = [h[f"test_{run['metric']}"] for h in run["history"]]
+  best = min(values) if run["metric"] == "mae" else max(values)
+  return (run["method"], values[-1], best, run["history"][-1]["test_loss"],
+          run["bytes_per_step"], run["time_per_step"] * 1e3)
 
 
-def format_table(results: list[RunResult]) -> str:
-  """Method, final/best test metric, test loss, bytes sent per step and device, time per step."""
-  metric = results[0].metric
-  lines = [f"{'method':<32} {'test ' + metric:>13} {'best':>7} {'test loss':>9} "
+def format_table(runs: list[dict]) -> str:
+  """Method, final/best test metric, test loss, bytes sent per step and device, time per
+  step, of ``metrics.json``'s ``runs``, as the trainer prints them."""
+  lines = [f"{'method':<32} {'test ' + runs[0]['metric']:>13} {'best':>7} {'test loss':>9} "
            f"{'bytes/step':>12} {'ms/step':>8}"]
-  for r in results:
-    last = r.history[-1]
-    lines.append(f"{r.variant:<32} {last[f'test_{metric}']:>13.4f} {_best(r):>7.4f} "
-                 f"{last['test_loss']:>9.4f} {r.bytes_per_step:>12,.0f} "
-                 f"{r.time_per_step * 1e3:>8.1f}")
+  lines += [f"{label:<32} {final:>13.4f} {best:>7.4f} {loss:>9.4f} {sent:>12,.0f} {ms:>8.1f}"
+            for label, final, best, loss, sent, ms in map(_summary, runs)]
   return "\n".join(lines)
 
 
 def format_markdown(runs: list[dict]) -> str:
-  """The summary of :func:`format_table` as a Markdown table, from ``metrics.json``'s
-  ``runs`` (so that a page can copy it and a test re-render it from the file)."""
-  metric = runs[0]["metric"]
-  lines = [f"| method | test {metric} | best | test loss | bytes/step | ms/step |",
+  """:func:`format_table` as a Markdown table (which a page can copy and a test re-render
+  from ``metrics.json``)."""
+  lines = [f"| method | test {runs[0]['metric']} | best | test loss | bytes/step | ms/step |",
            "| --- | ---: | ---: | ---: | ---: | ---: |"]
-  for run in runs:
-    values = [h[f"test_{metric}"] for h in run["history"]]
-    best = min(values) if metric == "mae" else max(values)
-    lines.append(f"| {run['method']} | {values[-1]:.4f} | {best:.4f} | "
-                 f"{run['history'][-1]['test_loss']:.4f} | {run['bytes_per_step']:,.0f} | "
-                 f"{run['time_per_step'] * 1e3:.1f} |")
+  lines += [f"| {label} | {final:.4f} | {best:.4f} | {loss:.4f} | {sent:,.0f} | {ms:.1f} |"
+            for label, final, best, loss, sent, ms in map(_summary, runs)]
   return "\n".join(lines) + "\n"
+
+
+def runs_of(results: list[RunResult]) -> list[dict]:
+  """The runs as ``metrics.json`` keeps them: the fields of :class:`RunRecord` that the
+  config does not hold (:func:`_from_json` reads them back)."""
+  return [{"method": r.variant, "metric": r.metric, "num_params": r.num_params,
+           "bytes_per_step": r.bytes_per_step, "time_per_step": r.time_per_step,
+           "history": r.history} for r in results]
 
 
 def write(out: str, results: list[RunResult], config: dict) -> list[str]:
   """Writes ``metrics.json``, ``metrics.csv``, ``results.md`` (:func:`format_markdown`) and
   the plot ``<metric>.png`` under ``out``."""
   os.makedirs(out, exist_ok=True)
-  # The fields of RunRecord that the config does not hold; _from_json reads them back.
-  runs = [{"method": r.variant, "metric": r.metric, "num_params": r.num_params,
-           "bytes_per_step": r.bytes_per_step, "time_per_step": r.time_per_step,
-           "history": r.history} for r in results]
+  runs = runs_of(results)
   paths = [os.path.join(out, name) for name in ("metrics.json", "metrics.csv",
                                                   f"{results[0].metric}.png", "results.md")]
   with open(paths[0], "w") as f:
