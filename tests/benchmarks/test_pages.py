@@ -36,20 +36,6 @@ def test_a_time_to_accuracy_report_re_renders_from_its_raw_file(path):
   assert text == _read(os.path.join(os.path.dirname(path), "results.md"))
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(RESULTS, "network", "tta_*",
-                                                          "results.json"))),
-                         ids=lambda p: p.split(os.sep)[-2])
-def test_a_network_time_to_accuracy_report_re_renders_from_its_raw_file(path):
-  """benchmarks.time_to_accuracy's report (the table network.md copies included) from the
-  rows it keeps, each seed's run at each rate."""
-  from benchmarks import time_to_accuracy
-  raw = json.loads(_read(path))
-  args = type("Args", (), raw["args"])
-  text = time_to_accuracy.format_table(raw["rows"], time_to_accuracy.over_seeds(raw["rows"]),
-                                       args)
-  assert text + "\n" == _read(os.path.join(os.path.dirname(path), "results.md"))
-
-
 @pytest.mark.parametrize("path", sorted(
     os.path.dirname(p) for p in glob.glob(os.path.join(RESULTS, "**", "metrics.json"),
                                           recursive=True)
@@ -146,6 +132,27 @@ def _raw_with_table(holds) -> list[str]:
                 and isinstance(raw := json.loads(_read(path)), dict) and holds(raw))
 
 
+@pytest.mark.parametrize("path", _raw_with_table(lambda raw: "over_seeds" in raw),
+                         ids=lambda p: os.path.relpath(p, RESULTS).replace(os.sep, "/"))
+def test_a_paced_time_to_accuracy_report_re_renders_from_its_raw_file(path):
+  """``benchmarks.time_to_accuracy``'s report (the side-by-side table a page copies
+  included) from the rows it keeps, each seed's run at each rate."""
+  from benchmarks import time_to_accuracy
+  raw = json.loads(_read(path))
+  text = time_to_accuracy.format_table(raw["rows"], time_to_accuracy.over_seeds(raw["rows"]),
+                                       type("Args", (), raw["args"]))
+  assert text + "\n" == _read(path[:-5] + ".md")
+
+
+@pytest.mark.parametrize("path", _raw_with_table(lambda raw: "against" in raw.get("args", {})),
+                         ids=lambda p: os.path.relpath(p, RESULTS).replace(os.sep, "/"))
+def test_a_versus_report_re_renders_from_its_medians(path):
+  from benchmarks import versus
+  raw = json.loads(_read(path))
+  assert versus.report([tuple(r) for r in raw["rows"]], raw["args"]) + "\n" == _read(
+      path[:-5] + ".md")
+
+
 def _bench_raw():
   """Every raw output of ``spardl-bench --out`` that has its tables beside it (``KIND.json``
   and ``KIND.md``; the H200's files are named by their run)."""
@@ -185,13 +192,6 @@ def test_the_selection_pages_stage_comparison_re_renders():
               for label, name in (("before", "d02de91"), ("now", "now"))}
   assert sync_profile.compare(profiles) + "\n" == _read(
       os.path.join(raw, "profile_cpu_compare.md"))
-
-
-def test_a_versus_report_re_renders_from_its_medians():
-  from benchmarks import versus
-  raw = json.loads(_read(os.path.join(RESULTS, "selection", "versus_cpu", "versus.json")))
-  assert versus.report([tuple(r) for r in raw["rows"]], raw["args"]) + "\n" == _read(
-      os.path.join(RESULTS, "selection", "versus_cpu", "versus.md"))
 
 
 def _selection_gpu_tables():
