@@ -74,20 +74,22 @@ def update(options: SyncOptions, updates, state, param_specs=None, batch_axes=No
   return on_local_shards(
       options, lambda tree, local, where: update_local(options, tree, local, where,
                                                        next_message),
-      updates, state, given=given, who="update")
+      updates, state, given=given, who="update", returns_state=True)
 
 
-def on_local_shards(options: SyncOptions, local, tree, state, *, given, who: str):
+def on_local_shards(options: SyncOptions, local, tree, state, *, given, who: str,
+                    returns_state: bool):
   """``local(tree, state, where)`` on this device's shards of ``tree`` (like the parameters)
   and rows of ``state`` (the sync's): itself where every axis the sync needs is bound, else
   in a ``shard_map`` over the mesh axes a partial-auto one left open, ``where`` saying how
-  the leaves lie. ``local`` returns ``(tree, state)``, trees like its arguments; ``given``
-  are the parameters' specs from a door, ``who`` names the caller in errors."""
+  the leaves lie. ``local`` returns a tree like ``tree``, or ``(tree, state)`` with
+  ``returns_state``; ``given`` are the parameters' specs from a door, ``who`` names the
+  caller in errors."""
   axes = free_axes(options.axis_name)
   if not axes:
     return local(tree, state, LeafSpecs(params=given))
   specs, over = _local_specs(options, tree, axes, who, given)
   rows = jax.tree.map(lambda _: PartitionSpec(axes), state)
   return jax.shard_map(functools.partial(local, where=LeafSpecs(specs, given)),
-                       in_specs=(over, rows), out_specs=(over, rows),
+                       in_specs=(over, rows), out_specs=(over, rows) if returns_state else over,
                        axis_names=set(axes), check_vma=False)(tree, state)

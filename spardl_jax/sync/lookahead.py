@@ -147,10 +147,9 @@ def predicted_delivery(sync: optax.GradientTransformation, state: SyncState, par
   # On this device's shards, as the sync's own update runs (a model axis left open).
   given = options.given_specs(context_specs(), "use_param_specs (data_parallel_step passes "
                               "the arrays' layout there)", "lookahead_params")
-  estimate, _ = entries.on_local_shards(
-      options, lambda tree, local, where: (_predicted_local(options, local, tree, where), local),
-      params, state, given=given, who="lookahead_params")
-  return estimate
+  return entries.on_local_shards(
+      options, lambda tree, local, where: _predicted_local(options, local, tree, where),
+      params, state, given=given, who="lookahead_params", returns_state=False)
 
 
 def _predicted_local(options, state: SyncState, params, where: LeafSpecs):
