@@ -118,8 +118,8 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
   cfg = CASES[case]
   adam = cfg.optimizer == "adamw"
 
-  def sparse(label, tuning, wire="exact"):
-    return Variant(label, "spardl", {"density": DENSITY, "wire": wire},
+  def sparse(label, tuning, wire="exact", **options):
+    return Variant(label, "spardl", {"density": DENSITY, "wire": wire, **options},
                    tuning if isinstance(tuning, Tuning) else Tuning(**tuning))
 
   # Momentum correction moves the momentum before the sync; with AdamW the second moment
@@ -142,12 +142,9 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
           Tuning(**DENSE_TUNED[case]))} if case in DENSE_TUNED else {}),
       "paper": sparse("SparDL (paper)", {}),
       # The paper's residual ablation (its Fig. 14) and a tenth of the density, plain SparDL.
-      "paper_local": Variant("SparDL (paper), local residuals", "spardl",
-                             {"density": DENSITY, "wire": "exact", "residuals": "local"}),
-      "paper_none": Variant("SparDL (paper), no residuals", "spardl",
-                            {"density": DENSITY, "wire": "exact", "residuals": "none"}),
-      "paper_tenth": Variant(f"SparDL (paper) at {DENSITY / 10:g}", "spardl",
-                             {"density": DENSITY / 10, "wire": "exact"}),
+      "paper_local": sparse("SparDL (paper), local residuals", {}, residuals="local"),
+      "paper_none": sparse("SparDL (paper), no residuals", {}, residuals="none"),
+      "paper_tenth": sparse(f"SparDL (paper) at {DENSITY / 10:g}", {}, density=DENSITY / 10),
       "warmup": sparse("+ dense warm-up (1 epoch)", {"warmup": steps_per_epoch}),
       "ramp": sparse("+ density warm-up (2 epochs)", {"ramp": 2 * steps_per_epoch}),
       "correction": sparse("+ momentum correction", correction),
