@@ -43,11 +43,12 @@ import json
 import math
 import os
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
 from benchmarks import runs
-from benchmarks.cli import FRACTIONS, SEEDS
+from benchmarks.cli import FRACTIONS, SEEDS, comma_list
 import spardl_jax as sj
 from train.config import (NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, RECIPES,
                           TrainConfig, Tuning, Variant, recipe_tuning)
@@ -242,6 +243,31 @@ KNOWN = tuple(dict.fromkeys(VARIANT_KEYS + OUTER_KEYS + WIRE_KEYS + ADAM_KEYS
                             + NANOGPT_KEYS + RESIDUAL_KEYS))
 
 
+class Goals(NamedTuple):
+  """What a report judges a variant against (``--goals STEPS,FINAL,BYTES``): at most
+  ``steps`` × dense's steps to the target; a final within ``final`` of dense's (the
+  metric's units, 0.005 being half a point; with ``--on loss`` a fraction of dense's final
+  loss, 0.02 being 2 % above it); at least ``fewer_bytes`` × fewer bytes a step than dense,
+  each device's mean over the whole run."""
+  steps: float
+  final: float
+  fewer_bytes: float
+
+
+def _goals(text: str) -> Goals:
+  """``--goals``'s argparse type: three positive numbers."""
+  try:
+    values = [float(part) for part in text.split(",")]
+  except ValueError:
+    values = []
+  if len(values) != 3 or not all(0 < v < math.inf for v in values):
+    raise argparse.ArgumentTypeError(
+        f"must be STEPS,FINAL,BYTES, three positive numbers (e.g. 1.25,0.02,15: ≤ 1.25× "
+        f"dense's steps, a final within 0.02 of dense's, ≥ 15× fewer bytes a step), got "
+        f"{text!r}")
+  return Goals(*values)
+
+
 def _parse_args(argv):
   p = argparse.ArgumentParser(prog="python -m benchmarks.convergence", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -283,7 +309,17 @@ def _parse_args(argv):
                  help="train nothing: write the table and plot of earlier runs' "
                       "results.json files (e.g. one run per case, or more seeds of a variant) "
                       "together under --out")
+  p.add_argument("--goals", type=_goals, default=None, metavar="STEPS,FINAL,BYTES",
+                 help="add a table judging the --judge variants against dense at the first "
+                      "target: steps to it at most STEPS × dense's, a final within FINAL of "
+                      "dense's (the metric's units; with --on loss a fraction of dense's "
+                      "loss), at least BYTES × fewer bytes a step (e.g. 1.25,0.02,15)")
+  p.add_argument("--judge", type=comma_list(str, "a comma list of variant keys"), default=[],
+                 metavar="KEY[,KEY...]",
+                 help="the variants --goals judges (default: every one but dense)")
   args = p.parse_args(argv)
+  if args.judge and not args.goals:
+    p.error("--judge names the variants --goals judges: give --goals STEPS,FINAL,BYTES too")
   args.cases = list(CASES) if args.cases == "all" else args.cases.split(",")
   for c in args.cases:
     if c not in CASES:
@@ -298,6 +334,9 @@ def _parse_args(argv):
   args.variants = ([] if args.no_dense else ["dense"]) + [k for k in keys if k != "dense"]
   if not args.variants:
     p.error("--no-dense: name the variants to run with --variants")
+  unrun = [k for k in args.judge if k not in args.variants]
+  if unrun and not args.report:
+    p.error(f"--judge: {', '.join(unrun)} not among the variants run ({', '.join(args.variants)})")
   misfit = [c for c in args.cases if CASES[c].batch_size % _devices(CASES[c], args)]
   if misfit and not args.report:
     p.error(f"--devices {args.devices} does not divide the batch size of "
@@ -403,13 +442,22 @@ def rows_at(case: str, variants: dict[str, dict], fraction: float,
         "steps_ratio": mean_steps / dense_steps if mean_steps and dense_steps else None,
         "final": [final(c) for c in run["curves"]], "bytes_to_target": mean_bytes,
         "bytes_ratio": mean_bytes / dense_bytes if mean_bytes and dense_bytes else None,
-        "bytes_per_step": run["bytes_per_step"], "curves": run["curves"]})
+        "bytes_per_step": _run_mean(run), "curves": run["curves"]})
   # Against the faster of dense and tuned dense, too: the same tuning effort on both sides.
   best = min((r["mean_steps"] for r in rows if r["key"] in ("dense", "dense_tuned")
               and r["mean_steps"]), default=None)
   for r in rows:
     r["steps_ratio_best"] = r["mean_steps"] / best if r["mean_steps"] and best else None
   return rows
+
+
+def _run_mean(run: dict) -> float:
+  """A variant's bytes a step, each device's mean over the whole run (a dense warm-up
+  included), from its curves' last points; the recorded ``bytes_per_step`` where a curve is
+  empty. The first runs recorded the sparse steps' bytes there, not the run's mean."""
+  if not all(curve and curve[-1][0] for curve in run["curves"]):
+    return run["bytes_per_step"]
+  return float(np.mean([curve[-1][1] / curve[-1][0] for curve in run["curves"]]))
 
 
 def _falls(on: str, metric: str) -> bool:
@@ -582,6 +630,50 @@ def targets_table(by_target: list[list[dict]]) -> str:
   return "\n".join(lines)
 
 
+def goals_table(rows: list[dict], goals: Goals, judge=()) -> str:
+  """One line per judged variant (the keys in ``judge``; none: every one but dense) of
+  :func:`rows_at`'s rows, each of ``goals`` met or **missed** with its figure: the steps to
+  the target over dense's (and over the best dense's where a tuned dense ran), the final
+  test metric or loss against dense's (the means over the seeds), dense's bytes a step over
+  the variant's (each device's mean over the whole run)."""
+  loss = rows[0].get("on") == "loss"
+  name = "loss" if loss else rows[0]["metric"]
+  within = (f"≤ {1 + goals.final:g}× dense's" if loss
+            else f"within {goals.final * 100:g} points of dense's")
+  lines = [f"| case | variant | steps to target ÷ dense's (≤ {goals.steps:g}) | final test "
+           f"{name} ({within}) | dense's bytes a step ÷ its (≥ {goals.fewer_bytes:g}) |",
+           "| --- | --- | --- | --- | --- |"]
+  verdict = lambda ok: "met" if ok else "**missed**"  # noqa: E731
+  dense = {r["case"]: r for r in rows if r["key"] == "dense"}
+  tuned = {r["case"] for r in rows if r["key"] == "dense_tuned"}
+  for r in rows:
+    if r["key"] == "dense" or (judge and r["key"] not in judge):
+      continue
+    base = dense[r["case"]]
+    best = (f"{r['steps_ratio_best']:.2f} over the best dense's"
+            if r["case"] in tuned and r["steps_ratio_best"] else "")
+    if base["mean_steps"] is None:
+      steps = "– (dense never reaches it on the mean" + (f"; {best}" if best else "") + ")"
+    elif r["steps_ratio"] is None:
+      steps = "**missed**: never (" + ", ".join(
+          "never" if s is None else str(s) for s in r["steps"]) + ")"
+    else:
+      steps = (f"{verdict(r['steps_ratio'] <= goals.steps)}: {r['steps_ratio']:.2f}"
+               + (f" ({best})" if best else ""))
+    mine, theirs = float(np.mean(r["final"])), float(np.mean(base["final"]))
+    if loss:
+      final = (f"{verdict(mine <= (1 + goals.final) * theirs)}: {mine:.3f} against "
+               f"{theirs:.3f} ({(mine / theirs - 1) * 100:+.1f} %)")
+    else:
+      better = -1 if _falls("metric", r["metric"]) else 1
+      final = (f"{verdict(better * (mine - theirs) >= -goals.final)}: {mine:.3f} against "
+               f"{theirs:.3f} ({(mine - theirs) * 100:+.1f} points)")
+    fewer = base["bytes_per_step"] / r["bytes_per_step"]
+    lines.append(f"| {r['case']} | {r['variant']} | {steps} | {final} | "
+                 f"{verdict(fewer >= goals.fewer_bytes)}: {fewer:.1f} |")
+  return "\n".join(lines)
+
+
 def plot(path: str, rows: list[dict]) -> None:
   """One row of panels per case: test metric against steps and against bytes (log), the
   mean over seeds, the target as a dotted line."""
@@ -613,12 +705,15 @@ def plot(path: str, rows: list[dict]) -> None:
   plt.close(fig)
 
 
-def write(out: str, by_target: list[list[dict]], meta: dict) -> str:
+def write(out: str, by_target: list[list[dict]], meta: dict, goals: Goals | None = None,
+          judge=()) -> str:
   """``results.json``, ``results.md`` and ``convergence.png`` under ``out`` from the rows at
-  each target (the first target's rows saved and plotted); returns the tables."""
+  each target (the first target's rows saved and plotted; with ``goals``, the ``judge``
+  variants judged at it); returns the tables."""
   rows = by_target[0]
   table = (format_table(rows)
            + ("\n\n" + targets_table(by_target) if len(by_target) > 1 else "")
+           + ("\n\n" + goals_table(rows, goals, judge) if goals else "")
            + ("\n\n" + pivot_table(rows) + "\n\n" + cases_table(rows, meta.get("cases", {}))
               if len({r["case"] for r in rows}) > 1 else ""))
   os.makedirs(out, exist_ok=True)
@@ -667,10 +762,14 @@ def run(args) -> int:
       if "dense" not in found:
         raise ValueError(f"--report: no dense runs of {case} in {args.report} (run them, or "
                          f"add the directory that has them)")
+    keys = {r["key"] for found in runs_of.values() for r in found.values()}
+    if set(args.judge) - keys:
+      raise ValueError(f"--judge: {', '.join(sorted(set(args.judge) - keys))} not in "
+                       f"{args.report}; its variants: {', '.join(sorted(keys))}")
     print(write(args.out, [[row for case, found in runs_of.items()
                             for row in rows_at(case, {"dense": found["dense"], **found},
                                                target, args.on)]
-                           for target in args.target], meta))
+                           for target in args.target], meta, args.goals, args.judge))
     return 0
   from tqdm import tqdm
 
@@ -737,7 +836,7 @@ def run(args) -> int:
     return 0
   print(write(args.out, [[row for case, r in results.items()
                           for row in summarize(case, r["runs"], r["steps"], target, args.on)]
-                         for target in args.target], meta))
+                         for target in args.target], meta, args.goals, args.judge))
   return 0
 
 
