@@ -277,7 +277,7 @@ RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence|sca
 # Tables a page still types by hand (issue 45: each is rendered from raw outputs or measured
 # again; the count only falls). Every other table is rendered by the command in the comment
 # above it, or is a copy of a report a driver wrote beside its raw files.
-TYPED = {"adam.md": 1, "cpu_profile.md": 1, "sync_methods.md": 1}
+TYPED = {"cpu_profile.md": 1, "sync_methods.md": 1}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=os.path.basename)
