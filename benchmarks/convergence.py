@@ -9,6 +9,8 @@ Usage::
   python -m benchmarks.convergence --cases mnist1d_cnn1d --variants outer \
       --outer-every 30                                                       # DiLoCo
   python -m benchmarks.convergence --report DIR --target 0.98 --out DIR98  # another target
+  python -m benchmarks.convergence --report DIR --goals 1.25,0.005,10 --judge recipe \
+      --out JUDGED                                  # met or missed, against dense, with figures
   python -m benchmarks.convergence --cases shakespeare_gpt --variants adam --seeds 0 \
       --on loss --target 0.98                                                # AdamW
   python -m benchmarks.convergence --cases mnist1d_cnn1d --variants dense,recipe --seeds 0 \

@@ -60,8 +60,8 @@ def sorted_sum(first_off: jax.Array, first_val: jax.Array, second_off: jax.Array
   Each entry's place in the union follows from binary searches into the other row: an
   entry of ``first`` at ``i`` with ``b`` entries of ``second`` below it lands at
   ``i + b`` less the duplicates among those ``b``. Sorting the ``2 L`` offsets twice, as
-  :func:`sparse_sum` must for rows in any order, costs about 3x more on XLA:CPU
-  (``benchmarks/results/cpu_profile.md``). The sums are the same bits: ``(0 + first) + second``.
+  :func:`sparse_sum` must for rows in any order, costs over twice as much on XLA:CPU
+  (``python -m benchmarks.pieces``). The sums are the same bits: ``(0 + first) + second``.
 
   Args:
     first_off, first_val: ``(L1,)`` the row summed first.

@@ -8,7 +8,7 @@ import pytest
 
 from spardl_jax.parallel import launch
 from spardl_jax.tools import bench
-from benchmarks import convergence, time_to_accuracy
+from benchmarks import convergence, pieces, time_to_accuracy
 
 
 def fake_tta_run(out, devices=2, methods=("dense",)):
@@ -104,6 +104,27 @@ ROWS = [
     ("convergence --report at a time-to-accuracy run", convergence.main,
      lambda tmp: ["--report", str(fake_tta_run(tmp / "tta")), "--out", str(tmp / "cv")],
      "does not hold convergence results"),
+    ("convergence --goals with two numbers", convergence.main,
+     lambda tmp: ["--goals", "1.25,0.02", "--out", str(tmp / "cv")],
+     "argument --goals: must be STEPS,FINAL,BYTES, three positive numbers"),
+    ("convergence --goals with a negative number", convergence.main,
+     lambda tmp: ["--goals", "1.25,-0.02,15", "--out", str(tmp / "cv")],
+     "argument --goals: must be STEPS,FINAL,BYTES, three positive numbers"),
+    ("convergence --judge without --goals", convergence.main,
+     lambda tmp: ["--judge", "recipe", "--out", str(tmp / "cv")],
+     "--judge names the variants --goals judges: give --goals STEPS,FINAL,BYTES too"),
+    ("convergence --judge a variant not run", convergence.main,
+     lambda tmp: ["--variants", "recipe", "--goals", "1,1,1", "--judge", "paper", "--out",
+                  str(tmp / "cv")],
+     "--judge: paper not among the variants run (dense, recipe)"),
+    ("convergence --report --judge a variant not reported", convergence.main,
+     lambda tmp: ["--report", str(fake_convergence_run(tmp / "cv0", keys=("dense", "v"))),
+                  "--goals", "1,1,1", "--judge", "w", "--out", str(tmp / "cv")],
+     "--judge: w not in"),
+    ("pieces --density 0.9", pieces.main, lambda tmp: ["--density", "0.9"],
+     "--density must be in (0, 0.5] (two rows of k distinct offsets), got 0.9"),
+    ("pieces --repeats 0", pieces.main, lambda tmp: ["--repeats", "0"],
+     "--repeats must be at least 1, got 0"),
     ("tta --local at a shaped rate", time_to_accuracy.main,
      lambda tmp: ["--local", "--rates", "100mbit"],
      "--local cannot shape the network: use --rates unshaped, got ['100mbit']"),

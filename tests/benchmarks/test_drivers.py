@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from benchmarks import (convergence, floor_cpu, netbench, outer_sync_time, paper_compare,
-                        per_rank, sharded_step, staleness, sync_profile, versus, vgg16_compute)
+                        per_rank, pieces, sharded_step, staleness, sync_profile, versus,
+                        vgg16_compute)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "benchmarks" / "scripts").glob("*.sh"))
@@ -255,6 +256,47 @@ def test_a_report_of_several_cases_lists_each_cases_settings_as_its_runs_recorde
       "",
       "Settings of `digits_resnet20`: as `benchmarks/convergence.py` defines the case now (its "
       "runs predate the record)."]
+
+
+def test_the_goals_table_judges_each_variant_against_dense():
+  """--goals: steps over dense's (and over tuned dense's), the final within FINAL points of
+  dense's (a metric) or FINAL of its loss, dense's bytes a step over the variant's from the
+  curves (the run's mean, a warm-up included, whatever ``bytes_per_step`` says); missed in
+  bold, a variant that never reaches the target missed with its seeds, dense that never
+  does said so."""
+  def run(key, curves):
+    return {"variant": key, "metric": "accuracy", "bytes_per_step": 1.0, "curves": curves}
+  dense = [[(10, 1000, 0.5, 2.0), (20, 2000, 0.8, 1.0)]]
+  rows = convergence.rows_at("case", {
+      "dense": run("dense", dense),
+      "dense_tuned": run("tuned", [[(10, 1000, 0.8, 1.0), (20, 2000, 0.8, 1.0)]]),
+      "good": run("good", [[(10, 10, 0.5, 2.0), (20, 100, 0.797, 1.0)]]),
+      "slow": run("slow", [[(10, 500, 0.5, 2.0), (20, 600, 0.7, 1.0)]])}, 0.95)
+  goals = convergence.Goals(steps=1.25, final=0.005, fewer_bytes=10)
+  assert convergence.goals_table(rows, goals).splitlines() == [
+      "| case | variant | steps to target ÷ dense's (≤ 1.25) | final test accuracy (within "
+      "0.5 points of dense's) | dense's bytes a step ÷ its (≥ 10) |",
+      "| --- | --- | --- | --- | --- |",
+      "| case | tuned | met: 0.50 (1.00 over the best dense's) | met: 0.800 against 0.800 "
+      "(+0.0 points) | **missed**: 1.0 |",
+      "| case | good | met: 1.00 (2.00 over the best dense's) | met: 0.797 against 0.800 "
+      "(-0.3 points) | met: 20.0 |",
+      "| case | slow | **missed**: never (never) | **missed**: 0.700 against 0.800 (-10.0 "
+      "points) | **missed**: 3.3 |"]
+  loss = convergence.rows_at("case", {"dense": run("dense", dense),
+                                      "v": run("v", [[(10, 10, 0.5, 1.01), (20, 20, 0.5, 1.03)]])},
+                             0.98, "loss")
+  assert convergence.goals_table(loss, convergence.Goals(1.25, 0.02, 15), ["v"]).splitlines()[
+      2:] == ["| case | v | met: 0.50 | **missed**: 1.030 against 1.000 (+3.0 %) | met: 100.0 |"]
+
+
+def test_the_pieces_are_timed_and_tabled(tmp_path, capsys):
+  assert pieces.main(["--n", "4000", "--repeats", "1", "--out", str(tmp_path)]) == 0
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert [r["piece"] for r in saved["rows"]] == list(pieces.WHAT)
+  assert all(r["k"] == 40 and len(r["times_ms"]) == 1 for r in saved["rows"])
+  assert saved["commit"] and saved["versions"]["jax"]
+  assert pieces.table(saved["rows"]) in capsys.readouterr().out
 
 
 def test_the_labs_readme_lists_every_driver_script_and_page():

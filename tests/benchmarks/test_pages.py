@@ -219,7 +219,8 @@ def _selection_gpu_tables():
 # rows, with the function that renders them.
 ROW_DRIVERS = {"step_time": ({"step_s", "params"}, "format_table"),
                "sharded_step": ({"step_s", "permuted"}, "format_table"),
-               "per_rank": ({"one_rank_s"}, "table")}
+               "per_rank": ({"one_rank_s"}, "table"),
+               "pieces": ({"piece", "median_ms"}, "table")}
 
 
 def _driver_raw():
@@ -277,7 +278,7 @@ RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence|sca
 # Tables a page still types by hand (issue 45: each is rendered from raw outputs or measured
 # again; the count only falls). Every other table is rendered by the command in the comment
 # above it, or is a copy of a report a driver wrote beside its raw files.
-TYPED = {"cpu_profile.md": 1, "sync_methods.md": 1}
+TYPED = {"sync_methods.md": 1}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=os.path.basename)
