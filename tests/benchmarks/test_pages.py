@@ -275,25 +275,17 @@ def test_the_nanogpt_report_re_renders_and_adam_md_copies_it(tmp_path, capsys):
 
 PAGES = sorted(glob.glob(os.path.join(RESULTS, "*.md")))
 RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence|scale) (.+?) -->")
-# Tables a page still types by hand (issue 45: each is rendered from raw outputs or measured
-# again; the count only falls). Every other table is rendered by the command in the comment
-# above it, or is a copy of a report a driver wrote beside its raw files.
-TYPED = {"sync_methods.md": 1}
-
-
 @pytest.mark.parametrize("page", PAGES, ids=os.path.basename)
-def test_every_table_of_a_page_is_rendered_or_counted_as_typed(page, tmp_path, monkeypatch,
-                                                                capsys):
+def test_every_table_of_a_page_is_rendered_from_raw_files(page, tmp_path, monkeypatch, capsys):
   """A table after a ``<!-- rendered: python -m benchmarks.DRIVER ARGS -->`` comment
   (``convergence``, ``scale``) is one of the tables that command writes now from the
-  committed raw files; a table that is a report's (a driver's ``*.md`` beside its raw files)
-  is a copy; the rest are typed, and there are exactly as many as TYPED says (a new typed
-  table fails, and so does one rendered without lowering the count)."""
+  committed raw files; any other is a copy of a report (a driver's ``*.md`` beside its raw
+  files, which the tests above re-render). A table typed by hand fails."""
   from benchmarks import convergence
   monkeypatch.chdir(ROOT)
   reports = {t for path in glob.glob(os.path.join(RESULTS, "*", "**", "*.md"), recursive=True)
              for t in _tables(_read(path))} | set(_selection_gpu_tables()[0])
-  text, typed = _read(page), 0
+  text, typed = _read(page), []
   for i, match in enumerate(re.finditer(r"(?:^\|.*\n)+", text, re.M)):
     table = match.group(0).strip()
     before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
@@ -307,7 +299,7 @@ def test_every_table_of_a_page_is_rendered_or_counted_as_typed(page, tmp_path, m
       scale.main(command.group(2).split())
       assert table in _tables(capsys.readouterr().out), table.splitlines()[:3]
     elif table not in reports:
-      typed += 1
-  assert typed == TYPED.get(os.path.basename(page), 0), (
-      f"{os.path.basename(page)} has {typed} typed tables: render a new one from its raw "
-      f"files (a <!-- rendered: ... --> comment above it), and lower TYPED for one rendered")
+      typed.append(table.splitlines()[0])
+  assert typed == [], (
+      f"{os.path.basename(page)}: tables typed by hand (render each from its raw files, "
+      f"with a <!-- rendered: ... --> comment above it, or copy a driver's report): {typed}")
