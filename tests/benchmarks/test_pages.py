@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -303,3 +304,17 @@ def test_every_table_of_a_page_is_rendered_from_raw_files(page, tmp_path, monkey
   assert typed == [], (
       f"{os.path.basename(page)}: tables typed by hand (render each from its raw files, "
       f"with a <!-- rendered: ... --> comment above it, or copy a driver's report): {typed}")
+
+
+def test_every_plot_kept_is_shown_by_a_page_and_every_shown_plot_is_kept():
+  """benchmarks/results keeps the plots its pages show and no other (a driver draws one
+  beside each raw file, which holds the same; the .gitignore keeps the rest out): each
+  ``![...](path)`` of a page names a tracked file here, and each tracked image here is one a
+  page names."""
+  shown = {os.path.normpath(os.path.join(RESULTS, path)) for page in PAGES
+           for path in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", _read(page))}
+  tracked = subprocess.run(["git", "ls-files", "*.png"], cwd=RESULTS, capture_output=True,
+                           text=True, check=True).stdout.split()  # not a driver's fresh plot
+  images = {os.path.normpath(os.path.join(RESULTS, p)) for p in tracked}
+  assert shown <= images, sorted(shown - images)
+  assert images <= shown, sorted(images - shown)
