@@ -45,11 +45,13 @@ import json
 import math
 import os
 import sys
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from benchmarks import runs
+from benchmarks.runs import RUNS_FIELDS, Row, Runs
 from benchmarks.cli import FRACTIONS, SEEDS, comma_list
 import spardl_jax as sj
 from train.config import (NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, RECIPES,
@@ -364,36 +366,36 @@ def read_report(directory: str) -> dict:
   except (OSError, json.JSONDecodeError) as error:
     raise ValueError(f"--report: {path} cannot be read: {error}") from None
   rows = saved.get("rows") if isinstance(saved, dict) else None
-  if not isinstance(rows, list) or not all(isinstance(r, dict) and {"case", "key", "curves"}
-                                           <= set(r) for r in rows):
+  if not isinstance(rows, list) or not all(isinstance(r, dict) and set(RUNS_FIELDS) <= set(r)
+                                           for r in rows):
     raise ValueError(f"--report: {path} does not hold convergence results (another tool's, "
                      f"such as python -m benchmarks.time_to_accuracy?)")
   return saved
 
 
-def merge_seeds(row: dict, more: dict, directory: str) -> None:
+def merge_seeds(row: Runs, more: Runs, directory: str) -> None:
   """Adds ``more``'s seeds (another run of ``row``'s case and variant) to ``row``; a seed
   both hold must have the same curve (the same run read twice, as when several directories
   share dense's runs). A ValueError when the two send different bytes a step (not one
   variant), a shared seed's curves differ, or either's seeds are not recorded."""
-  what = f"{more['case']} {more['variant']!r}"
-  if more["bytes_per_step"] != row["bytes_per_step"]:
-    raise ValueError(f"--report: {directory} holds {what} sending {more['bytes_per_step']} "
-                     f"bytes a step, another directory {row['bytes_per_step']}: not the "
+  what = f"{more.case} {more.variant!r}"
+  if more.bytes_per_step != row.bytes_per_step:
+    raise ValueError(f"--report: {directory} holds {what} sending {more.bytes_per_step} "
+                     f"bytes a step, another directory {row.bytes_per_step}: not the "
                      f"same variant, so not one row")
-  if row["seeds"] is None or more["seeds"] is None:
+  if row.seeds is None or more.seeds is None:
     raise ValueError(f"--report: {directory} holds {what} again, and the seeds of one of "
                      f"them are not recorded: a new seed cannot be told from a run read twice")
-  for seed, curve in zip(more["seeds"], more["curves"]):
-    if seed not in row["seeds"]:
-      row["seeds"], row["curves"] = row["seeds"] + [seed], row["curves"] + [curve]
-    elif row["curves"][row["seeds"].index(seed)] != curve:
+  for seed, curve in zip(more.seeds, more.curves):
+    if seed not in row.seeds:
+      row.seeds, row.curves = row.seeds + [seed], row.curves + [curve]
+    elif row.curves[row.seeds.index(seed)] != curve:
       raise ValueError(f"--report: {directory} holds seed {seed} of {what} with another "
                        f"curve than an earlier directory's: two different runs")
 
 
 def summarize(case: str, by_key: dict[str, list], steps_per_epoch: int,
-              fraction: float = 0.95, on: str = "metric") -> list[dict]:
+              fraction: float = 0.95, on: str = "metric") -> list[Row]:
   """One row per variant: steps and bytes to the target (``fraction`` of dense's mean final
   test metric; ``on="loss"``: dense's mean final test loss times ``2 - fraction``), their
   ratios to dense's, and the final metric or loss; means over the seeds (a seed that never
@@ -402,173 +404,171 @@ def summarize(case: str, by_key: dict[str, list], steps_per_epoch: int,
                         for key, results in by_key.items()}, fraction, on)
 
 
-def run_row(case: str, key: str, results: list, steps_per_epoch: int) -> dict:
+def run_row(case: str, key: str, results: list, steps_per_epoch: int) -> Runs:
   """One variant's runs (one per seed) as :func:`rows_at` reads them: its label, metric,
   bytes a step and, per seed, ``(steps, bytes, test metric, test loss)`` at each
   evaluation."""
   metric = results[0].metric
-  return {"case": case, "key": key, "variant": results[0].variant, "metric": metric,
-          "bytes_per_step": results[0].bytes_per_step,
-          "curves": [[(h["epoch"] * steps_per_epoch, h["bytes_sent"], h[f"test_{metric}"],
-                       h["test_loss"]) for h in r.history] for r in results]}
+  return Runs(case, key, results[0].variant, metric, results[0].bytes_per_step,
+              [[(h["epoch"] * steps_per_epoch, h["bytes_sent"], h[f"test_{metric}"],
+                 h["test_loss"]) for h in r.history] for r in results])
 
 
-def rows_at(case: str, variants: dict[str, dict], fraction: float,
-            on: str = "metric") -> list[dict]:
-  """:func:`summarize`'s rows from each variant's ``curves`` (per seed, ``(steps, bytes,
-  test metric, test loss)`` at each epoch's end), so a report can take another target. A
-  loss target, or one on a metric that falls as it improves (regression's MAE), is dense's
-  final times ``2 - fraction``, reached at or below it."""
+def rows_at(case: str, variants: dict[str, Runs], fraction: float,
+            on: str = "metric") -> list[Row]:
+  """:func:`summarize`'s rows from each variant's curves (``variants["dense"]`` sets the
+  target), so a report can take another target. A loss target, or one on a metric that
+  falls as it improves (regression's MAE), is dense's final times ``2 - fraction``, reached
+  at or below it."""
   field = {"metric": 2, "loss": 3}[on]
-  sign = -1 if _falls(on, variants["dense"]["metric"]) else 1
-  final = lambda curve: curve[-1][field]  # noqa: E731
-  finals = [final(c) for c in variants["dense"]["curves"]]
+  sign = -1 if on == "loss" or variants["dense"].metric == "mae" else 1
+  finals = [curve[-1][field] for curve in variants["dense"].curves]
   target = (runs.target(finals, fraction) if sign > 0
             else (2 - fraction) * float(np.mean(finals)))
-  dense_steps = dense_bytes = None
-  rows = []
-  for key, run in variants.items():
+  rows, sent = [], []
+  for run in variants.values():
     reached = [(runs.first_reaching(curve, sign * target,
                                     metric=lambda point: sign * point[field])
-                or (None, None))[:2] for curve in run["curves"]]
-    steps = [s for s, _ in reached]
-    sent = [b for _, b in reached]
-    mean_steps = None if None in steps else float(np.mean(steps))
-    mean_bytes = None if None in sent else float(np.mean(sent))
-    if key == "dense":
-      dense_steps, dense_bytes = mean_steps, mean_bytes
-    rows.append({
-        "case": case, "key": run.get("key", key), "variant": run["variant"],
-        "metric": run["metric"], "on": on, "seeds": run.get("seeds"),
-        "target": target, "fraction": fraction, "steps": steps, "mean_steps": mean_steps,
-        "steps_ratio": mean_steps / dense_steps if mean_steps and dense_steps else None,
-        "final": [final(c) for c in run["curves"]], "bytes_to_target": mean_bytes,
-        "bytes_ratio": mean_bytes / dense_bytes if mean_bytes and dense_bytes else None,
-        "bytes_per_step": _run_mean(run), "curves": run["curves"]})
+                or (None, None))[:2] for curve in run.curves]
+    rows.append(Row(case, run.key, run.variant, run.metric, [s for s, _ in reached],
+                    [curve[-1][field] for curve in run.curves], run.run_mean_bytes,
+                    fraction, on, run.seeds, target, curves=run.curves))
+    sent.append(None if any(b is None for _, b in reached)
+                else float(np.mean([b for _, b in reached])))
+  dense = rows[list(variants).index("dense")]
+  dense_bytes = sent[list(variants).index("dense")]
   # Against the faster of dense and tuned dense, too: the same tuning effort on both sides.
-  best = min((r["mean_steps"] for r in rows if r["key"] in ("dense", "dense_tuned")
-              and r["mean_steps"]), default=None)
-  for r in rows:
-    r["steps_ratio_best"] = r["mean_steps"] / best if r["mean_steps"] and best else None
+  best = min((r.mean_steps for r in rows if r.key in ("dense", "dense_tuned")
+              and r.mean_steps), default=None)
+  for r, mean_bytes in zip(rows, sent):
+    mean = r.mean_steps
+    r.steps_ratio = mean / dense.mean_steps if mean and dense.mean_steps else None
+    r.steps_ratio_best = mean / best if mean and best else None
+    r.bytes_to_target = mean_bytes
+    r.bytes_ratio = mean_bytes / dense_bytes if mean_bytes and dense_bytes else None
   return rows
 
 
-def _run_mean(run: dict) -> float:
-  """A variant's bytes a step, each device's mean over the whole run (a dense warm-up
-  included), from its curves' last points; the recorded ``bytes_per_step`` where a curve is
-  empty. The first runs recorded the sparse steps' bytes there, not the run's mean."""
-  if not all(curve and curve[-1][0] for curve in run["curves"]):
-    return run["bytes_per_step"]
-  return float(np.mean([curve[-1][1] / curve[-1][0] for curve in run["curves"]]))
+def _by_case(rows: Sequence[Row], key: str = "dense") -> dict[str, Row]:
+  """Each case's row of the variant ``key``."""
+  return {r.case: r for r in rows if r.key == key}
 
 
-def _falls(on: str, metric: str) -> bool:
-  """Whether the target's quantity falls as a run improves: the loss, or regression's MAE."""
-  return on == "loss" or metric == "mae"
+def _never(value: float | None, spec: str) -> str:
+  return "never" if value is None else format(value, spec)
 
 
-def format_table(rows: list[dict]) -> str:
+def _per_seed(r: Row) -> str:
+  """A row's steps to the target, the mean and each seed's."""
+  return (f"{_never(r.mean_steps, '.0f')} ("
+          + ", ".join("never" if s is None else str(s) for s in r.steps) + ")")
+
+
+def _finals(r: Row) -> str:
+  return ", ".join(f"{v:.3f}" for v in r.final)
+
+
+def format_table(rows: list[Row]) -> str:
   """The Markdown table of :func:`summarize`'s rows."""
-  fractions = sorted({r.get("fraction", 0.95) for r in rows})
-  loss = bool(rows) and rows[0].get("on") == "loss"
-  lower = bool(rows) and _falls(rows[0].get("on", "metric"), rows[0]["metric"])
+  fractions = sorted({r.fraction for r in rows})
+  loss = bool(rows) and rows[0].on == "loss"
+  lower = bool(rows) and rows[0].falls
   lines = [f"Target: {', '.join(f'{2 - f:.0%}' if lower else f'{f:.0%}' for f in fractions)} "
            f"of dense's final test {'loss' if loss else 'metric'} (mean over the seeds).", "",
            f"| case | variant | steps to target (per seed) | × dense | × best dense | final "
            f"test {'loss' if loss else 'metric'} (per seed) | bytes to target | × dense |",
            "|---|---|---:|---:|---:|---|---:|---:|"]
-  fmt = lambda v, spec: "never" if v is None else format(v, spec)  # noqa: E731
   for r in rows:
-    per_seed = ", ".join("never" if s is None else str(s) for s in r["steps"])
-    finals = ", ".join(f"{v:.3f}" for v in r["final"])
     lines.append(
-        f"| {r['case']} | {r['variant']} | {fmt(r['mean_steps'], '.0f')} ({per_seed}) | "
-        f"{fmt(r['steps_ratio'], '.2f')} | {fmt(r['steps_ratio_best'], '.2f')} | "
-        f"{np.mean(r['final']):.3f} ({finals}) | "
-        f"{fmt(r['bytes_to_target'], ',.0f')} | {fmt(r['bytes_ratio'], '.3f')} |")
+        f"| {r.case} | {r.variant} | {_per_seed(r)} | {_never(r.steps_ratio, '.2f')} | "
+        f"{_never(r.steps_ratio_best, '.2f')} | {r.mean_final:.3f} ({_finals(r)}) | "
+        f"{_never(r.bytes_to_target, ',.0f')} | {_never(r.bytes_ratio, '.3f')} |")
   return "\n".join(lines) + ("\n\n" + final_table(rows) if loss else "")
 
 
-def final_table(rows: list[dict]) -> str:
+def final_table(rows: list[Row]) -> str:
   """Where each variant ends against dense, and what a step of it sends: its final test
   loss (the mean over its seeds), that over dense's, its bytes a step over the whole run
   (each device's mean, a dense warm-up included) and dense's over those."""
   lines = ["| case | variant | final test loss | × dense's | bytes a step (run mean) | "
            "dense ÷ it |", "|---|---|---:|---:|---:|---:|"]
-  dense = {r["case"]: r for r in rows if r["key"] == "dense"}
+  dense = _by_case(rows)
   for r in rows:
-    base = dense[r["case"]]
+    base = dense[r.case]
     lines.append(
-        f"| {r['case']} | {r['variant']} | {np.mean(r['final']):.3f} | "
-        f"{np.mean(r['final']) / np.mean(base['final']):.3f} | {r['bytes_per_step']:,.0f} | "
-        f"{base['bytes_per_step'] / r['bytes_per_step']:.1f} |")
+        f"| {r.case} | {r.variant} | {r.mean_final:.3f} | "
+        f"{r.mean_final / base.mean_final:.3f} | {r.bytes_per_step:,.0f} | "
+        f"{base.bytes_per_step / r.bytes_per_step:.1f} |")
   return "\n".join(lines)
 
 
-def pivot_table(rows: list[dict]) -> str:
+def pivot_table(rows: list[Row]) -> str:
   """The variants side by side across the cases: one line per variant (its key; the cases
   join on it), one column per case with its final test metric or loss (the mean, and per
   seed when there are several), that over dense's, and dense's bytes a step (run mean) over
   its. The best final of each case among the variants sending under half of dense's bytes
   (the compressed ones, `bfloat16` dense aside) is bold."""
-  cases = list(dict.fromkeys(r["case"] for r in rows))
+  cases = list(dict.fromkeys(r.case for r in rows))
   # A key that one case runs under several labels (DiLoCo at several H) joins on the label.
-  shared = collections.Counter((r["case"], r["key"]) for r in rows)
-  join = lambda r: r["variant"] if shared[r["case"], r["key"]] > 1 else r["key"]  # noqa: E731
+  shared = collections.Counter((r.case, r.key) for r in rows)
+  join = lambda r: r.variant if shared[r.case, r.key] > 1 else r.key  # noqa: E731
   keys = list(dict.fromkeys(join(r) for r in rows))
-  at = {(r["case"], join(r)): r for r in rows}
-  lower = _falls(rows[0].get("on", "metric"), rows[0]["metric"])
-  name = "loss" if rows[0].get("on") == "loss" else "metric"
-  mean = lambda r: float(np.mean(r["final"]))  # noqa: E731
+  at = {(r.case, join(r)): r for r in rows}
+  name = "loss" if rows[0].on == "loss" else "metric"
   # A diverged run (a non-finite final) is the worst of its case.
-  score = lambda r: ((mean(r) if lower else -mean(r)) if np.isfinite(mean(r))  # noqa: E731
-                     else np.inf)
-  best = {c: min((r for r in rows if r["case"] == c and 2 * r["bytes_per_step"]
-                  < at[c, "dense"]["bytes_per_step"]), key=score, default=None)
+  score = lambda r: ((r.mean_final if r.falls else -r.mean_final)  # noqa: E731
+                     if np.isfinite(r.mean_final) else np.inf)
+  best = {c: min((r for r in rows if r.case == c and 2 * r.bytes_per_step
+                  < at[c, "dense"].bytes_per_step), key=score, default=None)
           for c in cases if (c, "dense") in at}
   lines = [f"| key | variant (final test {name} · × dense's · dense ÷ bytes a step) | "
            f"{' | '.join(cases)} |",
            "| --- | --- |" + " --- |" * len(cases)]
   for key in keys:
-    labels = " / ".join(dict.fromkeys(at[c, key]["variant"] for c in cases if (c, key) in at))
+    labels = " / ".join(dict.fromkeys(at[c, key].variant for c in cases if (c, key) in at))
     cells = []
     for c in cases:
       r, dense = at.get((c, key)), at.get((c, "dense"))
       if r is None or dense is None:
         cells.append("")
         continue
-      if not np.isfinite(mean(r)):
-        cells.append(f"diverged · – · {dense['bytes_per_step'] / r['bytes_per_step']:.1f}")
+      fewer = dense.bytes_per_step / r.bytes_per_step
+      if not np.isfinite(r.mean_final):
+        cells.append(f"diverged · – · {fewer:.1f}")
         continue
-      value = f"{mean(r):.3f}"
-      if r is best.get(c):
-        value = f"**{value}**"
-      seeds = f" ({', '.join(f'{v:.3f}' for v in r['final'])})" if len(r["final"]) > 1 else ""
-      cells.append(f"{value}{seeds} · {mean(r) / mean(dense):.2f} · "
-                   f"{dense['bytes_per_step'] / r['bytes_per_step']:.1f}")
+      value = f"**{r.mean_final:.3f}**" if r is best.get(c) else f"{r.mean_final:.3f}"
+      seeds = f" ({_finals(r)})" if len(r.final) > 1 else ""
+      cells.append(f"{value}{seeds} · {r.mean_final / dense.mean_final:.2f} · {fewer:.1f}")
     lines.append(f"| `{key}` | {labels} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 
-def describe(cfg: dict) -> dict[str, str]:
-  """A case's model, data and optimizer in words, from its :class:`TrainConfig` as a dict
-  (``dataclasses.asdict``; a run records it in its ``results.json``)."""
-  model = f"{cfg['model']} {cfg['model_size']}"
-  if cfg["mesh"]:
-    model += " on (" + ", ".join(f"{axis} {size}" for axis, size in cfg["mesh"]) + ")"
-  data = f"{cfg['dataset']}, batch {cfg['batch_size']}" + (
-      f" × {cfg['seq_len']}" if cfg["seq_len"] else "")
-  optimizer = f"{cfg['optimizer']} lr {cfg['lr']:g}"
-  if cfg["optimizer"] == "sgd":
-    optimizer += f", momentum {cfg['momentum']:g}"
+def recorded_config(cfg: dict) -> TrainConfig:
+  """The :class:`TrainConfig` a run recorded as a dict in its ``results.json``; settings
+  added since take their defaults (which are what the runs before them did)."""
+  known = {f.name for f in dataclasses.fields(TrainConfig)} - {"variants"}
+  settings: dict[str, Any] = {k: tuple(map(tuple, v)) if k == "mesh" else v
+                              for k, v in cfg.items() if k in known}
+  return TrainConfig(**settings)
+
+
+def describe(cfg: TrainConfig) -> dict[str, str]:
+  """A case's model, data and optimizer in words."""
+  model = f"{cfg.model} {cfg.model_size}"
+  if cfg.mesh:
+    model += " on (" + ", ".join(f"{axis} {size}" for axis, size in cfg.mesh) + ")"
+  data = f"{cfg.dataset}, batch {cfg.batch_size}" + (f" × {cfg.seq_len}" if cfg.seq_len else "")
+  optimizer = f"{cfg.optimizer} lr {cfg.lr:g}"
+  if cfg.optimizer == "sgd":
+    optimizer += f", momentum {cfg.momentum:g}"
   else:
-    optimizer += f", b2 {cfg['adam_b2']:g}, weight decay {cfg['weight_decay']:g}" + (
-        " (matrices)" if cfg["weight_decay_on"] == "matrices" else "")
-  if cfg["lr_schedule"] == "cosine":
-    optimizer += ", cosine" + (f" after {cfg['lr_warmup']} warm-up steps" if cfg["lr_warmup"]
-                               else "") + (f" to {cfg['lr_final']:g}×" if cfg["lr_final"] else "")
-  if cfg["grad_clip"] is not None:
-    optimizer += f", clip {cfg['grad_clip']:g}"
+    optimizer += f", b2 {cfg.adam_b2:g}, weight decay {cfg.weight_decay:g}" + (
+        " (matrices)" if cfg.weight_decay_on == "matrices" else "")
+  if cfg.lr_schedule == "cosine":
+    optimizer += ", cosine" + (f" after {cfg.lr_warmup} warm-up steps" if cfg.lr_warmup
+                               else "") + (f" to {cfg.lr_final:g}×" if cfg.lr_final else "")
+  if cfg.grad_clip is not None:
+    optimizer += f", clip {cfg.grad_clip:g}"
   return {"model": model, "data": data, "optimizer": optimizer}
 
 
@@ -578,105 +578,93 @@ def case_configs(cases) -> dict[str, dict]:
           for case in cases}
 
 
-def cases_table(rows: list[dict], recorded: dict[str, dict]) -> str:
+def cases_table(rows: list[Row], recorded: dict[str, dict]) -> str:
   """One line per case of a report: its model, data and optimizer (as its runs recorded
   them in ``recorded``; a run before they did: as :data:`CASES` defines the case now, said
   under the table), the steps its runs took and dense's final test metric or loss there
   (the mean, and per seed), from the runs."""
-  name = "loss" if rows[0].get("on") == "loss" else rows[0]["metric"]
+  name = "loss" if rows[0].on == "loss" else rows[0].metric
   lines = [f"| case | model | data | optimizer | steps | dense's final test {name} (per seed) |",
            "| --- | --- | --- | --- | ---: | --- |"]
   unrecorded = []
-  for r in rows:
-    if r["key"] != "dense":
-      continue
-    if r["case"] not in recorded:
-      unrecorded.append(r["case"])
-    words = describe(recorded.get(r["case"]) or case_configs([r["case"]])[r["case"]])
-    finals = ", ".join(f"{v:.3f}" for v in r["final"])
-    lines.append(f"| `{r['case']}` | {words['model']} | {words['data']} | {words['optimizer']} "
-                 f"| {r['curves'][0][-1][0]:,} | {np.mean(r['final']):.3f} ({finals}) |")
+  for r in _by_case(rows).values():
+    if r.case not in recorded:
+      unrecorded.append(r.case)
+    words = describe(recorded_config(recorded[r.case]) if r.case in recorded
+                     else CASES[r.case])
+    lines.append(f"| `{r.case}` | {words['model']} | {words['data']} | {words['optimizer']} "
+                 f"| {r.curves[0][-1][0]:,} | {r.mean_final:.3f} ({_finals(r)}) |")
   if unrecorded:
     lines += ["", f"Settings of {', '.join(f'`{c}`' for c in unrecorded)}: as "
               f"`benchmarks/convergence.py` defines the case now (its runs predate the record)."]
   return "\n".join(lines)
 
 
-def targets_table(by_target: list[list[dict]]) -> str:
+def targets_table(by_target: Sequence[Sequence[Row]]) -> str:
   """One line per variant across the targets (rows of :func:`rows_at` at each, in the same
   order): steps to each (per seed) and over dense's, the final test metric or loss (per
   seed), the bytes a step over the whole run and dense's over them."""
   first = by_target[0]
-  name = "loss" if first[0].get("on") == "loss" else "metric"
-  lower = _falls(first[0].get("on", "metric"), first[0]["metric"])
-  label = lambda f: f"{2 - f:.0%}" if lower else f"{f:.0%}"  # noqa: E731
+  name = "loss" if first[0].on == "loss" else "metric"
+  label = lambda f: f"{2 - f:.0%}" if first[0].falls else f"{f:.0%}"  # noqa: E731
   lines = ["| case | variant | " + " | ".join(
-      f"steps to {label(rows[0]['fraction'])} (per seed) | × dense" for rows in by_target)
+      f"steps to {label(rows[0].fraction)} (per seed) | × dense" for rows in by_target)
       + f" | final test {name} (per seed) | bytes a step (run mean) | dense ÷ it |",
       "|---|---|" + "---:|---:|" * len(by_target) + "---|---:|---:|"]
-  dense = {r["case"]: r for r in first if r["key"] == "dense"}
+  dense = _by_case(first)
   for i, r in enumerate(first):
-    steps = []
-    for rows in by_target:
-      at = rows[i]
-      per_seed = ", ".join("never" if s is None else str(s) for s in at["steps"])
-      steps.append(f"{'never' if at['mean_steps'] is None else format(at['mean_steps'], '.0f')}"
-                   f" ({per_seed}) | "
-                   f"{'–' if at['steps_ratio'] is None else format(at['steps_ratio'], '.2f')}")
-    finals = ", ".join(f"{v:.3f}" for v in r["final"])
-    ratio = (format(dense[r["case"]]["bytes_per_step"] / r["bytes_per_step"], ",.0f")
-             if r["bytes_per_step"] else "–")  # a run that recorded no bytes
-    lines.append(f"| {r['case']} | {r['variant']} | {' | '.join(steps)} | "
-                 f"{np.mean(r['final']):.3f} ({finals}) | {r['bytes_per_step']:,.0f} | "
-                 f"{ratio} |")
+    steps = [f"{_per_seed(rows[i])} | "
+             f"{'–' if rows[i].steps_ratio is None else format(rows[i].steps_ratio, '.2f')}"
+             for rows in by_target]
+    ratio = (format(dense[r.case].bytes_per_step / r.bytes_per_step, ",.0f")
+             if r.bytes_per_step else "–")  # a run that recorded no bytes
+    lines.append(f"| {r.case} | {r.variant} | {' | '.join(steps)} | "
+                 f"{r.mean_final:.3f} ({_finals(r)}) | {r.bytes_per_step:,.0f} | {ratio} |")
   return "\n".join(lines)
 
 
-def goals_table(rows: list[dict], goals: Goals, judge=()) -> str:
+def goals_table(rows: list[Row], goals: Goals, judge=()) -> str:
   """One line per judged variant (the keys in ``judge``; none: every one but dense) of
   :func:`rows_at`'s rows, each of ``goals`` met or **missed** with its figure: the steps to
   the target over dense's (and over the best dense's where a tuned dense ran), the final
   test metric or loss against dense's (the means over the seeds), dense's bytes a step over
   the variant's (each device's mean over the whole run)."""
-  loss = rows[0].get("on") == "loss"
-  name = "loss" if loss else rows[0]["metric"]
+  loss = rows[0].on == "loss"
   within = (f"≤ {1 + goals.final:g}× dense's" if loss
             else f"within {goals.final * 100:g} points of dense's")
   lines = [f"| case | variant | steps to target ÷ dense's (≤ {goals.steps:g}) | final test "
-           f"{name} ({within}) | dense's bytes a step ÷ its (≥ {goals.fewer_bytes:g}) |",
-           "| --- | --- | --- | --- | --- |"]
+           f"{'loss' if loss else rows[0].metric} ({within}) | dense's bytes a step ÷ its "
+           f"(≥ {goals.fewer_bytes:g}) |", "| --- | --- | --- | --- | --- |"]
   verdict = lambda ok: "met" if ok else "**missed**"  # noqa: E731
-  dense = {r["case"]: r for r in rows if r["key"] == "dense"}
-  tuned = {r["case"] for r in rows if r["key"] == "dense_tuned"}
+  dense, tuned = _by_case(rows), _by_case(rows, "dense_tuned")
   for r in rows:
-    if r["key"] == "dense" or (judge and r["key"] not in judge):
+    if r.key == "dense" or (judge and r.key not in judge):
       continue
-    base = dense[r["case"]]
-    best = (f"{r['steps_ratio_best']:.2f} over the best dense's"
-            if r["case"] in tuned and r["steps_ratio_best"] else "")
-    if base["mean_steps"] is None:
+    base = dense[r.case]
+    best = (f"{r.steps_ratio_best:.2f} over the best dense's"
+            if r.case in tuned and r.steps_ratio_best else "")
+    if base.mean_steps is None:
       steps = "– (dense never reaches it on the mean" + (f"; {best}" if best else "") + ")"
-    elif r["steps_ratio"] is None:
-      steps = "**missed**: never (" + ", ".join(
-          "never" if s is None else str(s) for s in r["steps"]) + ")"
+    elif r.steps_ratio is None:
+      steps = "**missed**: never (" + _per_seed(r).split(" (", 1)[1]
     else:
-      steps = (f"{verdict(r['steps_ratio'] <= goals.steps)}: {r['steps_ratio']:.2f}"
+      steps = (f"{verdict(r.steps_ratio <= goals.steps)}: {r.steps_ratio:.2f}"
                + (f" ({best})" if best else ""))
-    mine, theirs = float(np.mean(r["final"])), float(np.mean(base["final"]))
+    mine, theirs = r.mean_final, base.mean_final
     if loss:
       final = (f"{verdict(mine <= (1 + goals.final) * theirs)}: {mine:.3f} against "
                f"{theirs:.3f} ({(mine / theirs - 1) * 100:+.1f} %)")
     else:
-      better = -1 if _falls("metric", r["metric"]) else 1
+      better = -1 if r.falls else 1
       final = (f"{verdict(better * (mine - theirs) >= -goals.final)}: {mine:.3f} against "
                f"{theirs:.3f} ({(mine - theirs) * 100:+.1f} points)")
-    fewer = base["bytes_per_step"] / r["bytes_per_step"]
-    lines.append(f"| {r['case']} | {r['variant']} | {steps} | {final} | "
+    fewer = base.bytes_per_step / r.bytes_per_step
+    lines.append(f"| {r.case} | {r.variant} | {steps} | {final} | "
                  f"{verdict(fewer >= goals.fewer_bytes)}: {fewer:.1f} |")
   return "\n".join(lines)
 
 
-def plot(path: str, rows: list[dict]) -> None:
+def plot(path: str, rows: list[Row]) -> None:
   """One row of panels per case: test metric against steps and against bytes (log), the
   mean over seeds, the target as a dotted line."""
   import matplotlib
@@ -684,21 +672,21 @@ def plot(path: str, rows: list[dict]) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  cases = list(dict.fromkeys(r["case"] for r in rows))
+  cases = list(dict.fromkeys(r.case for r in rows))
   fig, axes = plt.subplots(len(cases), 2, figsize=(11, 3.6 * len(cases)), squeeze=False)
   for (ax_steps, ax_bytes), case in zip(axes, cases):
-    for r in (r for r in rows if r["case"] == case):
-      curves = np.array(r["curves"])  # (seeds, epochs, 3)
-      style = dict(marker=".", label=r["variant"], lw=2.2 if r["key"] in ("dense", "recipe")
+    mine = [r for r in rows if r.case == case]
+    for r in mine:
+      curves = np.array(r.curves)  # (seeds, epochs, 4)
+      style = dict(marker=".", label=r.variant, lw=2.2 if r.key in ("dense", "recipe")
                    else 1.0)
-      value = curves[:, :, 3 if r.get("on") == "loss" else 2].mean(0)
+      value = curves[:, :, 3 if r.on == "loss" else 2].mean(0)
       ax_steps.plot(curves[0, :, 0], value, **style)
       ax_bytes.plot(curves[:, :, 1].mean(0), value, **style)
-    target = next(r["target"] for r in rows if r["case"] == case)
     for ax, xlabel in ((ax_steps, "train steps"), (ax_bytes, "bytes sent per device")):
-      ax.axhline(target, ls=":", c="k", lw=0.8)
+      ax.axhline(mine[0].target, ls=":", c="k", lw=0.8)
       ax.set(title=case, xlabel=xlabel,
-             ylabel=f"test {'loss' if r.get('on') == 'loss' else r['metric']}")
+             ylabel=f"test {'loss' if mine[0].on == 'loss' else mine[0].metric}")
       ax.grid(alpha=0.3)
     ax_bytes.set_xscale("log")
     ax_steps.legend(fontsize=7)
@@ -707,7 +695,7 @@ def plot(path: str, rows: list[dict]) -> None:
   plt.close(fig)
 
 
-def write(out: str, by_target: list[list[dict]], meta: dict, goals: Goals | None = None,
+def write(out: str, by_target: list[list[Row]], meta: dict, goals: Goals | None = None,
           judge=()) -> str:
   """``results.json``, ``results.md`` and ``convergence.png`` under ``out`` from the rows at
   each target (the first target's rows saved and plotted; with ``goals``, the ``judge``
@@ -717,10 +705,10 @@ def write(out: str, by_target: list[list[dict]], meta: dict, goals: Goals | None
            + ("\n\n" + targets_table(by_target) if len(by_target) > 1 else "")
            + ("\n\n" + goals_table(rows, goals, judge) if goals else "")
            + ("\n\n" + pivot_table(rows) + "\n\n" + cases_table(rows, meta.get("cases", {}))
-              if len({r["case"] for r in rows}) > 1 else ""))
+              if len({r.case for r in rows}) > 1 else ""))
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump({**meta, "rows": rows}, f, indent=2)
+    json.dump({**meta, "rows": [r.to_json() for r in rows]}, f, indent=2)
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write(table + "\n")
   plot(os.path.join(out, "convergence.png"), rows)
@@ -740,21 +728,19 @@ def run(args) -> int:
   if args.report:
     # The directories' runs by case, so one directory's dense sets another's target; a
     # variant's seeds run in several directories are one row.
-    runs_of: dict[str, dict] = {}
+    runs_of: dict[str, dict[str, Runs]] = {}
     meta: dict = {}
     recorded: dict[str, dict] = {}  # the cases' settings, where their runs recorded them
     for directory in args.report.split(","):
       saved = read_report(directory)
       recorded.update(saved.get("cases", {}))
       seeds = saved.get("seeds")
-      for r in saved.pop("rows"):
+      for r in map(lambda row: Runs.from_json(row, seeds), saved.pop("rows")):
         # A variant is its label (one key, such as DiLoCo's, runs at several H); its seeds
         # are its own (a report's rows keep them), else the run's when it has one curve a
         # seed.
-        r = {**r, "seeds": r.get("seeds") or (
-            seeds if seeds and len(seeds) == len(r["curves"]) else None)}
-        found = runs_of.setdefault(r["case"], {})
-        group = "dense" if r["key"] == "dense" else r["variant"]
+        found = runs_of.setdefault(r.case, {})
+        group = "dense" if r.key == "dense" else r.variant
         if group in found:
           merge_seeds(found[group], r, directory)
         else:
@@ -764,7 +750,7 @@ def run(args) -> int:
       if "dense" not in found:
         raise ValueError(f"--report: no dense runs of {case} in {args.report} (run them, or "
                          f"add the directory that has them)")
-    keys = {r["key"] for found in runs_of.values() for r in found.values()}
+    keys = {r.key for found in runs_of.values() for r in found.values()}
     if set(args.judge) - keys:
       raise ValueError(f"--judge: {', '.join(sorted(set(args.judge) - keys))} not in "
                        f"{args.report}; its variants: {', '.join(sorted(keys))}")
@@ -832,7 +818,7 @@ def run(args) -> int:
             for key, results_ in r["runs"].items()]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
-      json.dump({**meta, "rows": rows}, f, indent=2)
+      json.dump({**meta, "rows": [dataclasses.asdict(r) for r in rows]}, f, indent=2)
     print(f"wrote {args.out}/results.json; python -m benchmarks.convergence --report "
           f"DENSE_DIR,{args.out} --on {args.on} makes the table")
     return 0

@@ -58,8 +58,9 @@ def load_runs(folders: list[str]) -> dict[int, dict[str, dict]]:
   return by_p
 
 
-def steps_table(by_p: dict[int, dict[str, dict]], fraction: float) -> list[dict]:
-  """One row per (P, label): the target, each seed's steps to it (None: never) and final."""
+def steps_table(by_p: dict[int, dict[str, dict]], fraction: float) -> list[runs.RowAtP]:
+  """One row per (P, label): the target, each seed's steps to it (None: never) and over
+  dense's at that P, and the final."""
   rows = []
   for p, labels in sorted(by_p.items()):
     if "dense" not in labels:
@@ -69,78 +70,71 @@ def steps_table(by_p: dict[int, dict[str, dict]], fraction: float) -> list[dict]
       seeds = sorted(entry["curves"])
       steps = [(runs.first_reaching(entry["curves"][seed], goal) or (None,))[0]
                for seed in seeds]
-      rows.append({"p": p, "label": label, "method": entry["method"],
-                   "options": entry["options"], "fraction": fraction, "target": goal,
-                   "seeds": seeds,
-                   "steps": steps,
-                   "mean_steps": None if None in steps else float(np.mean(steps)),
-                   "final": [entry["curves"][seed][-1][1] for seed in seeds],
-                   "bytes_per_step": float(np.mean([entry["bytes"][s] for s in seeds]))})
+      rows.append(runs.RowAtP(
+          f"P = {p}", label, label, "accuracy", steps,
+          [entry["curves"][seed][-1][1] for seed in seeds],
+          float(np.mean([entry["bytes"][s] for s in seeds])), fraction, seeds=seeds,
+          target=goal, p=p, method=entry["method"], options=entry["options"]))
+  dense = {r.p: r.mean_steps for r in rows if r.key == "dense"}
+  for r in rows:
+    mean, base = r.mean_steps, dense[r.p]
+    r.steps_ratio = mean / base if mean and base else None
   return rows
 
 
-def only(steps: list[dict], labels: list[str] | None) -> list[dict]:
+def only(steps: list[runs.RowAtP], labels: list[str] | None) -> list[runs.RowAtP]:
   """:func:`steps_table`'s rows of ``labels`` alone, in that order at each P (None: all); a
   ValueError naming a label no run has, and the labels there are."""
   if labels is None:
     return steps
-  known = list(dict.fromkeys(r["label"] for r in steps))
+  known = list(dict.fromkeys(r.key for r in steps))
   missing = [label for label in labels if label not in known]
   if missing:
     raise ValueError(f"--variants: no runs of {', '.join(map(repr, missing))}; the runs have "
                      f"{', '.join(known)}")
-  return sorted((r for r in steps if r["label"] in labels),
-                key=lambda r: (r["p"], labels.index(r["label"])))
+  return sorted((r for r in steps if r.key in labels),
+                key=lambda r: (r.p, labels.index(r.key)))
 
 
-def against_p(steps: list[dict], *, fraction: float, title: str) -> str:
+def against_p(steps: list[runs.RowAtP], *, fraction: float, title: str) -> str:
   """The Markdown of steps to the target against P, each variant's mean × dense's mean at
   that P, then its final metric and bytes per step (means over the seeds)."""
-  labels = list(dict.fromkeys(r["label"] for r in steps))
-  by = {(r["p"], r["label"]): r for r in steps}
-  ps = sorted({r["p"] for r in steps})
-  seeds = sorted({s for r in steps for s in r["seeds"]})
+  labels = list(dict.fromkeys(r.key for r in steps))
+  by = {(r.p, r.key): r for r in steps}
+  ps = sorted({r.p for r in steps})
+  seeds = sorted({s for r in steps for s in r.seeds or ()})
   lines = [f"# Steps to {fraction:.0%} of dense's final metric against P: {title}", "",
            f"Mean over seeds {seeds} (× dense's mean at that P; \"never\" if a seed never got "
            "there).", "", "| P | " + " | ".join(labels) + " |",
            "| --- |" + " --- |" * len(labels)]
   for p in ps:
-    dense = by[(p, "dense")]["mean_steps"]
+    dense = by[(p, "dense")].mean_steps
     cells = []
     for label in labels:
       r = by.get((p, label))
       if r is None:
         cells.append("")
-      elif r["mean_steps"] is None:
+      elif r.mean_steps is None:
         cells.append("never (" + ", ".join("never" if s is None else str(s)
-                                           for s in r["steps"]) + ")")
+                                           for s in r.steps) + ")")
       else:
-        cells.append(f"{r['mean_steps']:.0f} ({r['mean_steps'] / dense:.2f}×)")
+        cells.append(f"{r.mean_steps:.0f}" + (f" ({r.mean_steps / dense:.2f}×)" if dense else ""))
     lines.append(f"| {p} | " + " | ".join(cells) + " |")
   lines += ["", "Final test metric, and bytes per step per device:", "",
             "| P | " + " | ".join(labels) + " |", "| --- |" + " --- |" * len(labels)]
   for p in ps:
-    cells = [f"{np.mean(by[(p, l)]['final']):.3f}, {by[(p, l)]['bytes_per_step']:,.0f} B"
+    cells = [f"{by[(p, l)].mean_final:.3f}, {by[(p, l)].bytes_per_step:,.0f} B"
              if (p, l) in by else "" for l in labels]
     lines.append(f"| {p} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
-def across_targets(by_target: list[list[dict]]) -> str:
+def across_targets(by_target: list[list[runs.RowAtP]]) -> str:
   """One line per (P, variant) across the targets (:func:`steps_table`'s rows at each, in
   the same order), as convergence's reports write them: steps to each target (per seed) and
   over dense's at that P, the final test metric (per seed), the bytes a step and dense's over
   them."""
-  def as_rows(steps, fraction):
-    dense = {r["p"]: r["mean_steps"] for r in steps if r["label"] == "dense"}
-    return [{"case": f"P = {r['p']}", "key": r["label"], "variant": r["label"],
-             "metric": "accuracy", "on": "metric", "fraction": fraction,
-             "steps": r["steps"], "mean_steps": r["mean_steps"], "final": r["final"],
-             "steps_ratio": (r["mean_steps"] / dense[r["p"]]
-                             if r["mean_steps"] and dense[r["p"]] else None),
-             "bytes_per_step": r["bytes_per_step"]} for r in steps]
-  return convergence.targets_table([as_rows(steps, steps[0]["fraction"])
-                                    for steps in by_target]) + "\n"
+  return convergence.targets_table(by_target) + "\n"
 
 
 def _bound(method_name: str, options: dict, shapes, p: int):
@@ -150,7 +144,7 @@ def _bound(method_name: str, options: dict, shapes, p: int):
   return method.for_leaves(shapes) if method.leafwise else method
 
 
-def time_rows(steps: list[dict], projection: dict, shapes,
+def time_rows(steps: list[runs.RowAtP], projection: dict, shapes,
               alpha_scale: float = 1.0) -> list[dict]:
   """Each steps row on each of the projection's links (latency per round times
   ``alpha_scale``): seconds to the target, the sync compute used and where it comes from
@@ -160,18 +154,18 @@ def time_rows(steps: list[dict], projection: dict, shapes,
   n = sum(int(np.prod(s)) for s in shapes)
   out = []
   for row in steps:
-    method = _bound(row["method"], row["options"], shapes, row["p"])
-    table = args["compute"] if row["method"] in args["compute"] else estimated
-    ms, source = (project.compute_at(table, row["method"], row["p"])
-                  if row["method"] in table else (0.0, "none"))
+    method = _bound(row.method, row.options, shapes, row.p)
+    table = args["compute"] if row.method in args["compute"] else estimated
+    ms, source = (project.compute_at(table, row.method, row.p)
+                  if row.method in table else (0.0, "none"))
     for link in args["links"].split(","):
-      step_s = project.step_seconds(method, p=row["p"], n=n,
+      step_s = project.step_seconds(method, p=row.p, n=n,
                                     link=project.link(link, alpha_scale),
                                     compute_s=ms / 1e3, step_s=args["step_ms"] / 1e3)
-      out.append({**row, "link": link, "step_s": step_s, "compute_ms": ms,
+      out.append({**row.to_json(), "link": link, "step_s": step_s, "compute_ms": ms,
                   "compute_from": source, "lower_bound": source == "none",
-                  "estimated": row["method"] in estimated,
-                  "seconds": None if row["mean_steps"] is None else row["mean_steps"] * step_s})
+                  "estimated": row.method in estimated,
+                  "seconds": None if row.mean_steps is None else row.mean_steps * step_s})
   return out
 
 
@@ -245,17 +239,17 @@ def _density(density) -> str:
   return density if isinstance(density, str) else f"{density:.1%}"  # "auto": the rule's
 
 
-def report(steps: list[dict], times: list[dict], firsts: list[dict], *, fraction: float,
-           title: str) -> str:
+def report(steps: list[runs.RowAtP], times: list[dict], firsts: list[dict], *,
+           fraction: float, title: str) -> str:
   """The Markdown of the three tables: steps, time to target at 1 %, and at the best density."""
   lines = [f"# Time to {fraction:.0%} of dense's final metric: {title}", "",
            "## Steps to the target (mean over seeds; per seed in brackets) and final metric", "",
            "| P | variant | steps | final |", "| --- | --- | --- | --- |"]
   for r in steps:
-    per_seed = ", ".join("never" if s is None else str(s) for s in r["steps"])
-    mean = "never" if r["mean_steps"] is None else f"{r['mean_steps']:.0f}"
-    final = ", ".join(f"{f:.3f}" for f in r["final"])
-    lines.append(f"| {r['p']} | {r['label']} | {mean} ({per_seed}) | {final} |")
+    per_seed = ", ".join("never" if s is None else str(s) for s in r.steps)
+    mean = "never" if r.mean_steps is None else f"{r.mean_steps:.0f}"
+    final = ", ".join(f"{f:.3f}" for f in r.final)
+    lines.append(f"| {r.p} | {r.key} | {mean} ({per_seed}) | {final} |")
   lower = sorted({m for f in firsts for m in f["lower_bound"]})
   guessed = sorted({m for f in firsts for m in f["estimated"]})
   note = " ".join(filter(None, [
@@ -391,7 +385,8 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "results.md"), "w") as f:
       f.write(text)
     with open(os.path.join(args.out, "results.json"), "w") as f:
-      json.dump({"args": vars(args), "title": title, "steps": steps, "times": times,
+      json.dump({"args": vars(args), "title": title,
+                 "steps": [r.to_json() for r in steps], "times": times,
                  "first": firsts,
                  "first_at_alpha": {str(k): v for k, v in sensitivity.items()},
                  "crossover": {kind: crossover(firsts, kind) for kind in ("fixed", "best")}},

@@ -13,6 +13,7 @@ import pytest
 from benchmarks import (convergence, floor_cpu, netbench, outer_sync_time, paper_compare,
                         per_rank, pieces, sharded_step, staleness, sync_profile, versus,
                         vgg16_compute)
+from benchmarks.runs import Row, Runs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "benchmarks" / "scripts").glob("*.sh"))
@@ -176,13 +177,14 @@ def test_a_loss_target_is_reached_at_or_below_it():
   dense = [[(10, 100, 0.3, 2.5), (20, 200, 0.4, 2.0)], [(10, 100, 0.3, 2.6), (20, 200, 0.4, 2.2)]]
   sparse = [[(10, 5, 0.3, 2.2), (20, 10, 0.4, 2.1)], [(10, 5, 0.3, 2.5), (20, 10, 0.4, 2.15)]]
   rows = convergence.rows_at("case", {
-      key: {"variant": key, "metric": "accuracy", "bytes_per_step": 1.0, "curves": curves}
+      key: Runs("case", key, key, "accuracy", 1.0, curves)
       for key, curves in (("dense", dense), ("sparse", sparse))}, 0.98, "loss")
   target = 1.02 * 2.1  # 2.142
-  assert {r["target"] for r in rows} == {target}
-  assert rows[0]["steps"] == [20, None]  # 2.2 > 2.142: the second dense seed never gets there
-  assert rows[1]["steps"] == [20, None] and rows[1]["final"] == [2.1, 2.15]
-  assert rows[1]["on"] == "loss" and rows[1]["metric"] == "accuracy"
+  assert {r.target for r in rows} == {target}
+  assert rows[0].steps == [20, None]  # 2.2 > 2.142: the second dense seed never gets there
+  assert rows[1].steps == [20, None] and rows[1].final == [2.1, 2.15]
+  assert rows[1].on == "loss" and rows[1].metric == "accuracy"
+  assert rows[1].bytes_per_step == 0.5  # each device's mean over the run: 10 B in 20 steps
   assert "of dense's final test loss" in convergence.format_table(rows)
 
 
@@ -220,8 +222,7 @@ def test_a_report_of_several_cases_sets_the_variants_side_by_side():
   under half of dense's bytes bold (bfloat16-like halves are not), a diverged run said so, a
   case that did not run the variant left empty."""
   def row(case, key, label, finals, sent):
-    return {"case": case, "key": key, "variant": label, "metric": "accuracy", "on": "loss",
-            "final": finals, "bytes_per_step": sent}
+    return Row(case, key, label, "accuracy", [None] * len(finals), finals, sent, on="loss")
   rows = [row("a", "dense", "dense", [2.0, 2.0], 100.0), row("a", "half", "half", [2.0], 50.0),
           row("a", "s", "s (5 steps)", [2.2, 2.6], 10.0), row("a", "t", "t", [2.5], 20.0),
           row("b", "dense", "dense", [1.0], 80.0), row("b", "s", "s (9 steps)", [np.inf], 8.0)]
@@ -240,8 +241,8 @@ def test_a_report_of_several_cases_lists_each_cases_settings_as_its_runs_recorde
   else the case's definition now, said under the table; steps and dense's finals from the
   curves."""
   curve = lambda final: [[100, 1.0, 0.5, 2.0], [2000, 2.0, 0.5, final]]  # noqa: E731
-  rows = [{"case": c, "key": "dense", "variant": "dense", "metric": "accuracy", "on": "loss",
-           "final": finals, "curves": [curve(f) for f in finals]}
+  rows = [Row(c, "dense", "dense", "accuracy", [None] * len(finals), finals, 1.0, on="loss",
+              curves=[curve(f) for f in finals])
           for c, finals in (("shakespeare_nanogpt", [1.5, 1.7]), ("digits_resnet20", [0.5]))]
   recorded = {"shakespeare_nanogpt": {**convergence.case_configs(["shakespeare_nanogpt"])[
       "shakespeare_nanogpt"], "lr": 3e-4}}
@@ -264,12 +265,13 @@ def test_the_goals_table_judges_each_variant_against_dense():
   curves (the run's mean, a warm-up included, whatever ``bytes_per_step`` says); missed in
   bold, a variant that never reaches the target missed with its seeds, dense that never
   does said so."""
-  def run(key, curves):
-    return {"variant": key, "metric": "accuracy", "bytes_per_step": 1.0, "curves": curves}
+  def run(key, curves, label=None):
+    return Runs("case", key, label or key, "accuracy", 1.0, curves)
   dense = [[(10, 1000, 0.5, 2.0), (20, 2000, 0.8, 1.0)]]
   rows = convergence.rows_at("case", {
       "dense": run("dense", dense),
-      "dense_tuned": run("tuned", [[(10, 1000, 0.8, 1.0), (20, 2000, 0.8, 1.0)]]),
+      "dense_tuned": run("dense_tuned", [[(10, 1000, 0.8, 1.0), (20, 2000, 0.8, 1.0)]],
+                         "tuned"),
       "good": run("good", [[(10, 10, 0.5, 2.0), (20, 100, 0.797, 1.0)]]),
       "slow": run("slow", [[(10, 500, 0.5, 2.0), (20, 600, 0.7, 1.0)]])}, 0.95)
   goals = convergence.Goals(steps=1.25, final=0.005, fewer_bytes=10)

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from benchmarks import paper_compare, project, scale
+from benchmarks import paper_compare, project, runs, scale
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -29,8 +29,8 @@ def _read(path):
 @pytest.mark.parametrize("path", TTA, ids=lambda p: p.split(os.sep)[-2])
 def test_a_time_to_accuracy_report_re_renders_from_its_raw_file(path):
   raw = json.loads(_read(path))
-  text = scale.report(raw["steps"], raw["times"], raw["first"], fraction=raw["args"]["target"],
-                      title=raw["title"])
+  text = scale.report([runs.RowAtP.from_json(r) for r in raw["steps"]], raw["times"],
+                      raw["first"], fraction=raw["args"]["target"], title=raw["title"])
   sensitivity = {float(k): v for k, v in raw.get("first_at_alpha", {}).items()}
   if sensitivity:
     text += scale.alpha_table(raw["first"], sensitivity)

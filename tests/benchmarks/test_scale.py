@@ -8,6 +8,7 @@ import json
 import pytest
 
 from benchmarks import scale
+from benchmarks.runs import RowAtP
 
 SHAPES = [(1000, 147)]  # n = 147,000
 N = 147_000
@@ -63,19 +64,20 @@ def runs(tmp_path):
 
 
 def test_steps_to_the_target_per_p(runs):
-  rows = {(r["p"], r["label"]): r for r in scale.steps_table(scale.load_runs([str(runs)]), 0.98)}
+  rows = {(r.p, r.key): r for r in scale.steps_table(scale.load_runs([str(runs)]), 0.98)}
   # P = 8: dense ends at 0.96 and 0.97 (seeds 0, 1): the target is 0.98 * 0.965 = 0.9457.
-  assert rows[8, "dense"]["target"] == pytest.approx(0.98 * 0.965)
-  assert rows[8, "dense"]["steps"] == [30, 30] and rows[8, "spardl"]["steps"] == [30, 30]
-  assert rows[8, "spardl:density=0.05"]["mean_steps"] == 20
-  assert rows[8, "topka"]["steps"] == [None, None] and rows[8, "topka"]["mean_steps"] is None
-  assert rows[16, "dense"]["final"] == [0.96]  # the first run of dense at P = 16
-  assert rows[16, "spardl"]["mean_steps"] == 40 and rows[16, "topka"]["mean_steps"] == 20
+  assert rows[8, "dense"].target == pytest.approx(0.98 * 0.965)
+  assert rows[8, "dense"].steps == [30, 30] and rows[8, "spardl"].steps == [30, 30]
+  assert rows[8, "spardl:density=0.05"].mean_steps == 20
+  assert rows[8, "spardl:density=0.05"].steps_ratio == pytest.approx(20 / 30)
+  assert rows[8, "topka"].steps == [None, None] and rows[8, "topka"].mean_steps is None
+  assert rows[16, "dense"].final == [0.96]  # the first run of dense at P = 16
+  assert rows[16, "spardl"].mean_steps == 40 and rows[16, "topka"].mean_steps == 20
 
 
 def test_time_to_target_by_hand_best_density_and_crossover(runs):
   steps = scale.steps_table(scale.load_runs([str(runs)]), 0.98)
-  times = {(r["p"], r["label"]): r for r in scale.time_rows(steps, PROJECTION, SHAPES)}
+  times = {(r["p"], r["key"]): r for r in scale.time_rows(steps, PROJECTION, SHAPES)}
   assert times[8, "dense"]["seconds"] == pytest.approx(30 * dense(8), rel=1e-9)
   assert times[8, "spardl"]["seconds"] == pytest.approx(30 * spardl(8, 0.01), rel=1e-9)
   assert times[8, "spardl:density=0.05"]["seconds"] == pytest.approx(20 * spardl(8, 0.05),
@@ -142,7 +144,7 @@ def test_the_density_rule_is_projected_at_its_density_for_p(tmp_path):
        [0.5, 0.95, 0.96, 0.96])])
   steps = scale.steps_table(scale.load_runs([str(tmp_path)]), 0.98)
   times = scale.time_rows(steps, PROJECTION, SHAPES)
-  (auto,) = [r for r in times if r["label"] == "spardl:density=auto"]
+  (auto,) = [r for r in times if r["key"] == "spardl:density=auto"]
   assert auto["seconds"] == pytest.approx(20 * spardl(16, 0.025 * 4 / 3), rel=1e-9)
   firsts = scale.first_rows(times)
   assert firsts[0]["best"]["spardl"] == (pytest.approx(auto["seconds"]), "auto")
@@ -168,8 +170,9 @@ def test_bad_flags(runs, tmp_path, capsys):
 
 
 def test_variants_keeps_those_labels_in_their_order_and_names_an_unknown_one():
-  rows = [{"p": p, "label": label} for p in (8, 16) for label in ("a", "dense", "b")]
-  assert [(r["p"], r["label"]) for r in scale.only(rows, ["b", "dense"])] == [
+  rows = [RowAtP(f"P = {p}", label, label, "accuracy", [], [], 0.0, p=p)
+          for p in (8, 16) for label in ("a", "dense", "b")]
+  assert [(r.p, r.key) for r in scale.only(rows, ["b", "dense"])] == [
       (8, "b"), (8, "dense"), (16, "b"), (16, "dense")]
   assert scale.only(rows, None) is rows
   with pytest.raises(ValueError, match=r"--variants: no runs of 'c'; the runs have a, dense, b"):
