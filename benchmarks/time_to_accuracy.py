@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import math
 import os
 import statistics
 import sys
+from typing import TypeVar
 
 from benchmarks import runs
 from benchmarks.cli import FRACTIONS, SEEDS
@@ -193,7 +195,57 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, float]:
   return rounds
 
 
-def summarize(args) -> list[dict]:
+@dataclasses.dataclass
+class Timed:
+  """One run (a seed, a rate, a method) against one target: what its ``results.json`` keeps
+  a row of and each seed's table is formatted from.
+
+  Attributes:
+    seed, fraction, rate, method: the run and the target (a fraction of dense's final test
+      accuracy at the same seed and rate).
+    target: the target's accuracy.
+    seconds_to_target, steps_to_target: training seconds and steps to it; None: never.
+    seconds_with_latency: with the modeled latency per round added.
+    final_accuracy: the run's final test accuracy.
+    bytes_per_device: what each device sent over the run.
+    seconds_per_step: the run's training seconds over its steps.
+    rounds_per_step: the sync's rounds a step (an outer loop's over its H).
+    curve: ``(training seconds, test accuracy)`` at each evaluation.
+  """
+  seed: int
+  fraction: float
+  rate: str
+  method: str
+  target: float
+  seconds_to_target: float | None
+  steps_to_target: int | None
+  seconds_with_latency: float | None
+  final_accuracy: float
+  bytes_per_device: float
+  seconds_per_step: float
+  rounds_per_step: float
+  curve: list = dataclasses.field(default_factory=list)
+
+  @classmethod
+  def from_json(cls, row: dict) -> Timed:
+    return cls(**row)
+
+
+@dataclasses.dataclass
+class OverSeeds:
+  """One method at one rate and target over the seeds (:func:`over_seeds`)."""
+  fraction: float
+  rate: str
+  method: str
+  seeds: list[int]
+  seconds_to_target: list[float | None]
+  median_seconds: float | None
+  median_steps: float | None
+  first: int
+  mean_final_accuracy: float
+
+
+def summarize(args) -> list[Timed]:
   """One row per (seed, target, rate, method) from the runs under ``args.out``; a (seed,
   rate) without a finished run is left out (a report may cover fewer runs than a seed)."""
   rounds = rounds_per_step(args.methods, args.processes, args.model_size)
@@ -226,45 +278,40 @@ def summarize(args) -> list[dict]:
       history = here[spec].history
       hit = runs.first_reaching(history, goal, metric=lambda h: h["test_accuracy"])
       reached = None if hit is None else hit["steps"]
-      rows.append({
-          "seed": seed, "fraction": fraction, "rate": rate, "method": spec, "target": goal,
-          "seconds_to_target": None if hit is None else hit["train_seconds"],
-          "steps_to_target": reached,
-          "seconds_with_latency": None if hit is None else (
+      rows.append(Timed(
+          seed, fraction, rate, spec, goal,
+          seconds_to_target=None if hit is None else hit["train_seconds"],
+          steps_to_target=reached,
+          seconds_with_latency=None if hit is None else (
               hit["train_seconds"] + reached * rounds[spec] * args.alpha),
-          "final_accuracy": history[-1]["test_accuracy"],
-          "bytes_per_device": history[-1]["bytes_sent"],
-          "seconds_per_step": history[-1]["train_seconds"] / history[-1]["steps"],
-          "rounds_per_step": rounds[spec],
-          "curve": here[spec].curve("train_seconds"),
-      })
+          final_accuracy=history[-1]["test_accuracy"],
+          bytes_per_device=history[-1]["bytes_sent"],
+          seconds_per_step=history[-1]["train_seconds"] / history[-1]["steps"],
+          rounds_per_step=rounds[spec], curve=here[spec].curve("train_seconds")))
   return rows
 
 
-def over_seeds(rows: list[dict]) -> list[dict]:
+def over_seeds(rows: list[Timed]) -> list[OverSeeds]:
   """Per (target, rate, method): each seed's seconds to the target, their median (a seed
   that never got there counts as infinitely slow), and in how many seeds it was first."""
-  firsts = collections.Counter()
-  for key in dict.fromkeys((r["fraction"], r["rate"], r["seed"]) for r in rows):
-    ranked, best = _ranked([r for r in rows if (r["fraction"], r["rate"], r["seed"]) == key],
+  firsts: collections.Counter = collections.Counter()
+  for key in dict.fromkeys((r.fraction, r.rate, r.seed) for r in rows):
+    ranked, best = _ranked([r for r in rows if (r.fraction, r.rate, r.seed) == key],
                            "seconds_to_target")
     if best is not None:
-      firsts[key[0], key[1], ranked[0]["method"]] += 1
+      firsts[key[0], key[1], ranked[0].method] += 1
   summary = []
-  for key in dict.fromkeys((r["fraction"], r["rate"], r["method"]) for r in rows):
-    group = [r for r in rows if (r["fraction"], r["rate"], r["method"]) == key]
-    seconds = [r["seconds_to_target"] for r in group]
+  for fraction, rate, method in dict.fromkeys((r.fraction, r.rate, r.method) for r in rows):
+    group = [r for r in rows if (r.fraction, r.rate, r.method) == (fraction, rate, method)]
+    seconds = [r.seconds_to_target for r in group]
     median = statistics.median(math.inf if t is None else t for t in seconds)
-    steps = statistics.median(math.inf if r["steps_to_target"] is None else r["steps_to_target"]
+    steps = statistics.median(math.inf if r.steps_to_target is None else r.steps_to_target
                               for r in group)
-    summary.append({
-        "fraction": key[0], "rate": key[1], "method": key[2],
-        "seeds": [r["seed"] for r in group], "seconds_to_target": seconds,
-        "median_seconds": None if math.isinf(median) else median,
-        "median_steps": None if math.isinf(steps) else steps,
-        "first": firsts[key],
-        "mean_final_accuracy": statistics.fmean(r["final_accuracy"] for r in group),
-    })
+    summary.append(OverSeeds(
+        fraction, rate, method, seeds=[r.seed for r in group], seconds_to_target=seconds,
+        median_seconds=None if math.isinf(median) else median,
+        median_steps=None if math.isinf(steps) else steps, first=firsts[fraction, rate, method],
+        mean_final_accuracy=statistics.fmean(r.final_accuracy for r in group)))
   return summary
 
 
@@ -272,22 +319,26 @@ def _seconds(t) -> str:
   return "not reached" if t is None else f"{t:.1f}"
 
 
-def _ranked(group: list[dict], key: str) -> tuple[list[dict], float | None]:
-  """One (target, rate)'s rows fastest first by ``key`` (never reached last), and the fastest
-  time (None when no method got there)."""
-  reached = [r[key] for r in group if r[key] is not None]
-  return (sorted(group, key=lambda r: math.inf if r[key] is None else r[key]),
+R = TypeVar("R", Timed, OverSeeds)
+
+
+def _ranked(group: list[R], field: str) -> tuple[list[R], float | None]:
+  """One (target, rate)'s rows fastest first by ``field`` (never reached last), and the
+  fastest time (None when no method got there)."""
+  time = lambda r: getattr(r, field)  # noqa: E731
+  reached = [time(r) for r in group if time(r) is not None]
+  return (sorted(group, key=lambda r: math.inf if time(r) is None else time(r)),
           min(reached, default=None))
 
 
-def side_by_side(rows: list[dict], summary: list[dict]) -> list[str]:
+def side_by_side(rows: list[Timed], summary: list[OverSeeds]) -> list[str]:
   """One line per method over the rates that every seed ran: the median seconds to each
   target (each seed's in brackets), the mean seconds per step and the MB each device sent
   (the mean over those runs)."""
-  seeds = list(dict.fromkeys(r["seed"] for r in rows))
-  rates = [rate for rate in dict.fromkeys(r["rate"] for r in rows)
-           if {r["seed"] for r in rows if r["rate"] == rate} == set(seeds)]
-  fractions = list(dict.fromkeys(r["fraction"] for r in rows))
+  seeds = list(dict.fromkeys(r.seed for r in rows))
+  rates = [rate for rate in dict.fromkeys(r.rate for r in rows)
+           if {r.seed for r in rows if r.rate == rate} == set(seeds)]
+  fractions = list(dict.fromkeys(r.fraction for r in rows))
   if not rates or len(seeds) < 2:
     return []
   head = ["method"]
@@ -297,65 +348,62 @@ def side_by_side(rows: list[dict], summary: list[dict]) -> list[str]:
   head.append("MB/device")
   lines = ["", "Side by side, the rates every seed ran (medians, each seed's in brackets):", "",
            "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-  for method in dict.fromkeys(r["method"] for r in rows):
+  for method in dict.fromkeys(r.method for r in rows):
     cells, sent = [], []
     for rate in rates:
       for fraction in fractions:
-        (r,) = [r for r in summary if (r["fraction"], r["rate"], r["method"])
-                == (fraction, rate, method)]
-        cells.append(f"{_seconds(r['median_seconds'])} "
-                     f"({', '.join(map(_seconds, r['seconds_to_target']))})")
-      runs = [r for r in rows if (r["rate"], r["method"], r["fraction"])
-              == (rate, method, fractions[0])]
-      cells.append(f"{statistics.fmean(r['seconds_per_step'] for r in runs):.3f}")
-      sent += [r["bytes_per_device"] / 1e6 for r in runs]
+        (o,) = [o for o in summary if (o.fraction, o.rate, o.method) == (fraction, rate, method)]
+        cells.append(f"{_seconds(o.median_seconds)} "
+                     f"({', '.join(map(_seconds, o.seconds_to_target))})")
+      mine = [r for r in rows if (r.rate, r.method, r.fraction) == (rate, method, fractions[0])]
+      cells.append(f"{statistics.fmean(r.seconds_per_step for r in mine):.3f}")
+      sent += [r.bytes_per_device / 1e6 for r in mine]
     lines.append(f"| {method} | {' | '.join(cells)} | {statistics.fmean(sent):,.1f} |")
   return lines
 
 
-def format_table(rows: list[dict], summary: list[dict], args) -> str:
+def format_table(rows: list[Timed], summary: list[OverSeeds], args) -> str:
   """The summary over seeds (:func:`over_seeds` of ``rows``), then each seed's table."""
   lines = [f"{args.processes} processes; latency modeled at {args.alpha * 1e3:g} ms per round; "
            f"targets are fractions of dense's final test accuracy at the same rate and seed.",
-           "", f"Over seeds {', '.join(map(str, dict.fromkeys(r['seed'] for r in rows)))}:",
+           "", f"Over seeds {', '.join(map(str, dict.fromkeys(r.seed for r in rows)))}:",
            "", "| target | rate | method | seconds to target, per seed | median | × fastest "
            "median | first in | median steps | mean final accuracy |",
            "|---|---|---|---|---:|---:|---:|---:|---:|"]
-  for fraction, rate in dict.fromkeys((r["fraction"], r["rate"]) for r in summary):
-    ranked, best = _ranked([r for r in summary if (r["fraction"], r["rate"]) == (fraction, rate)],
+  for fraction, rate in dict.fromkeys((o.fraction, o.rate) for o in summary):
+    ranked, best = _ranked([o for o in summary if (o.fraction, o.rate) == (fraction, rate)],
                            "median_seconds")
-    for r in ranked:
-      t = r["median_seconds"]
+    for o in ranked:
+      t = o.median_seconds
       lines.append(
-          f"| {fraction:.0%} | {rate} | {r['method']} | "
-          f"{', '.join(map(_seconds, r['seconds_to_target']))} | {_seconds(t)} | "
-          f"{'-' if t is None else f'{t / best:.2f}'} | {r['first']} of {len(r['seeds'])} | "
-          f"{'-' if r['median_steps'] is None else format(r['median_steps'], 'g')} | "
-          f"{r['mean_final_accuracy']:.3f} |")
+          f"| {fraction:.0%} | {rate} | {o.method} | "
+          f"{', '.join(map(_seconds, o.seconds_to_target))} | {_seconds(t)} | "
+          f"{'-' if t is None or best is None else f'{t / best:.2f}'} | {o.first} of "
+          f"{len(o.seeds)} | {'-' if o.median_steps is None else format(o.median_steps, 'g')} | "
+          f"{o.mean_final_accuracy:.3f} |")
   lines += side_by_side(rows, summary)
-  for seed in dict.fromkeys(r["seed"] for r in rows):
+  for seed in dict.fromkeys(r.seed for r in rows):
     lines += ["", f"Seed {seed}:", "",
               "| target | rate | method | seconds to target | × fastest | steps to target | + "
               "modeled latency (s) | final accuracy | MB sent per device | s/step | "
               "rounds/step |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    mine = [r for r in rows if r["seed"] == seed]
-    for fraction, rate in dict.fromkeys((r["fraction"], r["rate"]) for r in mine):
-      ranked, best = _ranked(
-          [r for r in mine if (r["fraction"], r["rate"]) == (fraction, rate)],
-          "seconds_to_target")
-      for r in ranked:
-        t, latency = r["seconds_to_target"], r["seconds_with_latency"]
+    mine = [r for r in rows if r.seed == seed]
+    for fraction, rate in dict.fromkeys((r.fraction, r.rate) for r in mine):
+      ranked_runs, fastest = _ranked(
+          [r for r in mine if (r.fraction, r.rate) == (fraction, rate)], "seconds_to_target")
+      for r in ranked_runs:
+        t, latency = r.seconds_to_target, r.seconds_with_latency
         lines.append(
-            f"| {fraction:.0%} ({r['target']:.3f}) | {rate} | {r['method']} | {_seconds(t)} | "
-            f"{'-' if t is None else f'{t / best:.2f}'} | {r['steps_to_target'] or '-'} | "
-            f"{'-' if t is None else f'{latency:.1f}'} | "
-            f"{r['final_accuracy']:.3f} | {r['bytes_per_device'] / 1e6:,.1f} | "
-            f"{r['seconds_per_step']:.3f} | {r['rounds_per_step']:g} |")
+            f"| {fraction:.0%} ({r.target:.3f}) | {rate} | {r.method} | {_seconds(t)} | "
+            f"{'-' if t is None or fastest is None else f'{t / fastest:.2f}'} | "
+            f"{r.steps_to_target or '-'} | {'-' if latency is None else f'{latency:.1f}'} | "
+            f"{r.final_accuracy:.3f} | {r.bytes_per_device / 1e6:,.1f} | "
+            f"{r.seconds_per_step:.3f} | {r.rounds_per_step:g} |")
   return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: str) -> None:
+def plot(rows: list[Timed], path: str) -> None:
   """Test accuracy against wall time, one panel per rate and one colour per method: each
   seed's curve faint, and over several seeds the median curve (median time and accuracy at
   each evaluation) bold; dotted lines at the median targets."""
@@ -364,29 +412,29 @@ def plot(rows: list[dict], path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  rates = list(dict.fromkeys(r["rate"] for r in rows))
-  methods = list(dict.fromkeys(r["method"] for r in rows))
+  rates = list(dict.fromkeys(r.rate for r in rows))
+  methods = list(dict.fromkeys(r.method for r in rows))
   colours = dict(zip(methods, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4))
   fig, axes = plt.subplots(1, len(rates), figsize=(5.5 * len(rates), 4.2), squeeze=False)
   for ax, rate in zip(axes[0], rates):
-    here = [r for r in rows if r["rate"] == rate]
-    curves = [r for r in here if r["fraction"] == here[0]["fraction"]]  # each run once
+    here = [r for r in rows if r.rate == rate]
+    once = [r for r in here if r.fraction == here[0].fraction]  # each run once
     for method in methods:
-      runs = [r["curve"] for r in curves if r["method"] == method]
-      for curve in runs:
-        ax.plot(*zip(*curve), color=colours[method], alpha=0.25 if len(runs) > 1 else 0.9,
-                lw=0.8, marker="" if len(runs) > 1 else ".")
-      if len(runs) > 1:
-        points = min(map(len, runs))
-        ax.plot([statistics.median(c[i][0] for c in runs) for i in range(points)],
-                [statistics.median(c[i][1] for c in runs) for i in range(points)],
+      curves = [r.curve for r in once if r.method == method]
+      for curve in curves:
+        ax.plot(*zip(*curve), color=colours[method], alpha=0.25 if len(curves) > 1 else 0.9,
+                lw=0.8, marker="" if len(curves) > 1 else ".")
+      if len(curves) > 1:
+        points = min(map(len, curves))
+        ax.plot([statistics.median(c[i][0] for c in curves) for i in range(points)],
+                [statistics.median(c[i][1] for c in curves) for i in range(points)],
                 color=colours[method], lw=2, marker=".")
       ax.plot([], [], color=colours[method], lw=2, label=method)
-    for fraction in dict.fromkeys(r["fraction"] for r in here):
-      ax.axhline(statistics.median(r["target"] for r in here if r["fraction"] == fraction),
+    for fraction in dict.fromkeys(r.fraction for r in here):
+      ax.axhline(statistics.median(r.target for r in here if r.fraction == fraction),
                  color="gray", ls=":", lw=1)
-    seeds = len({r["seed"] for r in curves})
-    low = min(r["target"] for r in here)
+    seeds = len({r.seed for r in once})
+    low = min(r.target for r in here)
     ax.set(title=f"{rate} ({seeds} seed{'s' if seeds > 1 else ''})",
            xlabel="training wall time (s, log)", ylabel="test accuracy", xscale="log",
            ylim=(max(0.0, low - 0.25), 1.0))
@@ -427,7 +475,8 @@ def main(argv=None) -> int:
     with open(shaper) as f:
       record.update(json.load(f))
   with open(os.path.join(args.out, "results.json"), "w") as f:
-    json.dump({"args": record, "rows": rows, "over_seeds": summary}, f, indent=2)
+    json.dump({"args": record, "rows": [dataclasses.asdict(r) for r in rows],
+               "over_seeds": [dataclasses.asdict(o) for o in summary]}, f, indent=2)
   plot(rows, os.path.join(args.out, "time_to_accuracy.png"))
   return 0
 

@@ -4,6 +4,7 @@ projection's rows, the time-to-accuracy runs' steps and times, the paper compari
 formulas). A page typed by hand, or a report edited after it was written, fails here."""
 
 import contextlib
+import dataclasses
 import glob
 import io
 import json
@@ -140,8 +141,10 @@ def test_a_paced_time_to_accuracy_report_re_renders_from_its_raw_file(path):
   included) from the rows it keeps, each seed's run at each rate."""
   from benchmarks import time_to_accuracy
   raw = json.loads(_read(path))
-  text = time_to_accuracy.format_table(raw["rows"], time_to_accuracy.over_seeds(raw["rows"]),
-                                       type("Args", (), raw["args"]))
+  rows = [time_to_accuracy.Timed.from_json(r) for r in raw["rows"]]
+  summary = time_to_accuracy.over_seeds(rows)
+  assert [dataclasses.asdict(o) for o in summary] == raw["over_seeds"]
+  text = time_to_accuracy.format_table(rows, summary, type("Args", (), raw["args"]))
   assert text + "\n" == _read(path[:-5] + ".md")
 
 

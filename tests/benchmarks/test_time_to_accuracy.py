@@ -42,17 +42,17 @@ def test_smoke_run_reports_every_method(tmp_path, capsys):
 def test_over_seeds_takes_medians_and_counts_who_was_first():
   """Three seeds by hand: a never-reached target counts as infinitely slow in the median."""
   def row(seed, method, seconds, steps):
-    return {"seed": seed, "fraction": 0.95, "rate": "1gbit", "method": method,
-            "seconds_to_target": seconds, "steps_to_target": steps, "final_accuracy": 0.9}
+    return time_to_accuracy.Timed(seed, 0.95, "1gbit", method, 0.9, seconds, steps, seconds,
+                                  0.9, 1.0, 0.1, 1)
 
   rows = [row(0, "a", 10.0, 30), row(0, "b", 5.0, 20), row(1, "a", 4.0, 20),
           row(1, "b", None, None), row(2, "a", 6.0, 40), row(2, "b", 7.0, 10)]
   a, b = time_to_accuracy.over_seeds(rows)
-  assert (a["method"], a["median_seconds"], a["median_steps"], a["first"]) == ("a", 6.0, 30, 2)
-  assert (b["method"], b["median_seconds"], b["median_steps"], b["first"]) == ("b", 7.0, 20, 1)
-  assert b["seconds_to_target"] == [5.0, None, 7.0] and b["seeds"] == [0, 1, 2]
+  assert (a.method, a.median_seconds, a.median_steps, a.first) == ("a", 6.0, 30, 2)
+  assert (b.method, b.median_seconds, b.median_steps, b.first) == ("b", 7.0, 20, 1)
+  assert b.seconds_to_target == [5.0, None, 7.0] and b.seeds == [0, 1, 2]
   never = time_to_accuracy.over_seeds([row(0, "a", None, None), row(1, "a", None, None)])
-  assert never[0]["median_seconds"] is None and never[0]["first"] == 0
+  assert never[0].median_seconds is None and never[0].first == 0
 
 
 def test_an_outer_loop_is_charged_its_rounds_once_every_h_steps():
