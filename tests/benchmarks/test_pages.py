@@ -321,3 +321,17 @@ def test_every_plot_kept_is_shown_by_a_page_and_every_shown_plot_is_kept():
   images = {os.path.normpath(os.path.join(RESULTS, p)) for p in tracked}
   assert shown <= images, sorted(shown - images)
   assert images <= shown, sorted(images - shown)
+
+
+def test_every_figure_the_results_index_quotes_is_on_its_page():
+  """docs/results.md says what each page found: every figure of a page's row (a decimal, a
+  ratio ``N×``, a percentage, ``N of M``) is written on that page, so the index cannot drift
+  from it."""
+  index = _read(os.path.join(ROOT, "docs", "results.md"))
+  rows = re.findall(r"^\| \[(\w+\.md)\]\(\.\./benchmarks/results/\1\) \|[^|]*\|[^|]*\| (.*) \|$",
+                    index, re.M)
+  assert {page for page, _ in rows} == {os.path.basename(p) for p in PAGES}
+  for page, found in rows:
+    text = _read(os.path.join(RESULTS, page))
+    figures = re.findall(r"\d[\d,]*\.\d+|\d[\d,]*(?=×)|\d+(?= ?%)|\d+ of \d+", found)
+    assert [f for f in dict.fromkeys(figures) if f not in text] == [], page
