@@ -61,7 +61,7 @@ def sorted_sum(first_off: jax.Array, first_val: jax.Array, second_off: jax.Array
   entry of ``first`` at ``i`` with ``b`` entries of ``second`` below it lands at
   ``i + b`` less the duplicates among those ``b``. Sorting the ``2 L`` offsets twice, as
   :func:`sparse_sum` must for rows in any order, costs over twice as much on XLA:CPU
-  (``python -m benchmarks.pieces``). The sums are the same bits: ``(0 + first) + second``.
+  (``spardl-bench --pieces``). The sums are the same bits: ``(0 + first) + second``.
 
   Args:
     first_off, first_val: ``(L1,)`` the row summed first.

@@ -8,7 +8,7 @@ import pytest
 
 from spardl_jax.parallel import launch
 from spardl_jax.tools import bench
-from benchmarks import convergence, pieces, time_to_accuracy
+from benchmarks import convergence, time_to_accuracy
 
 
 def fake_tta_run(out, devices=2, methods=("dense",)):
@@ -121,10 +121,6 @@ ROWS = [
      lambda tmp: ["--report", str(fake_convergence_run(tmp / "cv0", keys=("dense", "v"))),
                   "--goals", "1,1,1", "--judge", "w", "--out", str(tmp / "cv")],
      "--judge: w not in"),
-    ("pieces --density 0.9", pieces.main, lambda tmp: ["--density", "0.9"],
-     "--density must be in (0, 0.5] (two rows of k distinct offsets), got 0.9"),
-    ("pieces --repeats 0", pieces.main, lambda tmp: ["--repeats", "0"],
-     "--repeats must be at least 1, got 0"),
     ("tta --local at a shaped rate", time_to_accuracy.main,
      lambda tmp: ["--local", "--rates", "100mbit"],
      "--local cannot shape the network: use --rates unshaped, got ['100mbit']"),
@@ -159,6 +155,8 @@ ROWS = [
      "--beta must be a positive, finite number"),
     ("bench --densities 0.01,2", bench.main, lambda tmp: ["--selection", "--densities", "0.01,2"],
      "--densities must be a comma list of numbers in (0, 1], got '0.01,2'"),
+    ("bench --pieces --density 0.9", bench.main, lambda tmp: ["--pieces", "--density", "0.9"],
+     "--pieces: --density must be at most 0.5, got 0.9"),
     ("bench --methods nosuch", bench.main, lambda tmp: ["--methods", "nosuch"],
      "--methods: unknown ['nosuch']"),
 ]

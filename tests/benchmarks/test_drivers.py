@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks import (convergence, floor_cpu, netbench, outer_sync_time, paper_compare,
-                        per_rank, pieces, sharded_step, staleness, sync_profile, versus,
-                        vgg16_compute)
+                        per_rank, sharded_step, staleness, sync_profile, versus, vgg16_compute)
 from benchmarks.runs import Row, Runs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -290,15 +289,6 @@ def test_the_goals_table_judges_each_variant_against_dense():
                              0.98, "loss")
   assert convergence.goals_table(loss, convergence.Goals(1.25, 0.02, 15), ["v"]).splitlines()[
       2:] == ["| case | v | met: 0.50 | **missed**: 1.030 against 1.000 (+3.0 %) | met: 100.0 |"]
-
-
-def test_the_pieces_are_timed_and_tabled(tmp_path, capsys):
-  assert pieces.main(["--n", "4000", "--repeats", "1", "--out", str(tmp_path)]) == 0
-  saved = json.loads((tmp_path / "results.json").read_text())
-  assert [r["piece"] for r in saved["rows"]] == list(pieces.WHAT)
-  assert all(r["k"] == 40 and len(r["times_ms"]) == 1 for r in saved["rows"])
-  assert saved["commit"] and saved["versions"]["jax"]
-  assert pieces.table(saved["rows"]) in capsys.readouterr().out
 
 
 def test_the_labs_readme_lists_every_driver_script_and_page():

@@ -223,8 +223,7 @@ def _selection_gpu_tables():
 # rows, with the function that renders them.
 ROW_DRIVERS = {"step_time": ({"step_s", "params"}, "format_table"),
                "sharded_step": ({"step_s", "permuted"}, "format_table"),
-               "per_rank": ({"one_rank_s"}, "table"),
-               "pieces": ({"piece", "median_ms"}, "table")}
+               "per_rank": ({"one_rank_s"}, "table")}
 
 
 def _driver_raw():

@@ -3,6 +3,7 @@
 import json
 
 from spardl_jax.tools import bench
+from spardl_jax.tools.bench import pieces
 from tests import formulas
 
 
@@ -102,3 +103,17 @@ def test_out_keeps_the_rows_where_they_were_measured_and_their_tables(tmp_path, 
   tables = bench.report("selection", saved["rows"])
   assert tables in (tmp_path / "selection.md").read_text()
   assert tables in capsys.readouterr().out
+
+
+def test_pieces_times_every_piece_and_keeps_its_rows(tmp_path, capsys):
+  """--pieces: every piece of the competitors (and the operations under them) timed at
+  k = density · n, the rows kept with where they were measured (pieces.json) and their
+  table beside them as the rows render it (pieces.md)."""
+  assert bench.main(["--pieces", "--n", "4000", "--repeats", "1", "--out", str(tmp_path)]) == 0
+  saved = json.loads((tmp_path / "pieces.json").read_text())
+  assert [r["piece"] for r in saved["rows"]] == list(pieces.WHAT)
+  assert all(r["k"] == 40 and len(r["times_ms"]) == 1 for r in saved["rows"])
+  assert bench.kind_of(saved["args"]) == "pieces" and saved["commit"]
+  table = bench.report("pieces", saved["rows"])
+  assert "| piece (n = 4,000, k = 40) | what | ms (median of 1) |" in table
+  assert table in (tmp_path / "pieces.md").read_text() and table in capsys.readouterr().out

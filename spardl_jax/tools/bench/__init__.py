@@ -1,5 +1,6 @@
 """Benchmark: every all-reduce method side by side on simulated CPU devices (its modules:
-:mod:`.side_by_side`, :mod:`.emulated`, :mod:`.selection`; this one is the command line).
+:mod:`.side_by_side`, :mod:`.emulated`, :mod:`.selection`, :mod:`.pieces`; this one is the
+command line).
 
 Usage::
 
@@ -9,6 +10,7 @@ Usage::
   python -m spardl_jax.tools.bench --methods spardl,dense --n 1e6 --trace bench_out/trace
   python -m spardl_jax.tools.bench --selection --n 1e6,14.7e6 --densities 0.01,0.001
   python -m spardl_jax.tools.bench --emulate --devices 8,16 --n 14.7e6,66e6  # one GPU
+  python -m spardl_jax.tools.bench --pieces --n 14.7e6 --repeats 9 --out pieces_out
 
 For each device count ``P``, gradient size ``n`` and method (SparDL once per team count
 ``d`` and per ``--wire`` format) it reports:
@@ -39,6 +41,12 @@ the machine, the versions, the selection method) as ``results.json`` (``selectio
 ``emulated.md``), and ``modeled_time.png`` (modeled time vs ``P`` per method). ``--trace``
 writes Perfetto traces of a few calls (ui.perfetto.dev).
 
+``--pieces`` times the competitors' pieces one by one on one device (the whole-vector
+top-k, the two sparse sums, TopkDSA's split with no region over capacity and with every
+entry in one, and the sorts, binary searches and prefix sum they are built from), at
+``k = density · n``, interleaved, each the median of ``--repeats`` after a warm-up
+(``pieces.json``, ``pieces.md``).
+
 ``--emulate`` times the whole sync's compute on ONE device with the ``P`` ranks emulated:
 ``jax.vmap`` with the method's axis name runs all ranks batched, and its collectives become
 gathers and permutations inside the device's memory, so no network is timed. Each method
@@ -62,12 +70,14 @@ import jax
 from spardl_jax.core.config import ETHERNET_10G, SAG_MODES, WIRE_FORMATS
 from spardl_jax.tools.bench.common import PAPER_SIZES, flat_methods
 from spardl_jax.tools.bench.emulated import format_emulated, run_emulated
+from spardl_jax.tools.bench.pieces import format_pieces, run_pieces
 from spardl_jax.tools.bench.selection import format_selection, run_selection
 from spardl_jax.tools.bench.side_by_side import format_table, format_table1, plot, run
 from spardl_jax.tools.provenance import provenance
 
 __all__ = ['flat_methods', 'PAPER_SIZES', 'run', 'run_emulated', 'format_table', 'format_table1',
-           'format_emulated', 'plot', 'run_selection', 'format_selection', 'report', 'main']
+           'format_emulated', 'plot', 'run_selection', 'format_selection', 'run_pieces',
+           'format_pieces', 'report', 'main']
 
 
 def _parse_sizes(text: str) -> list[int]:
@@ -112,6 +122,9 @@ def _parse_args(argv):
                            "jax.vmap (see above)")
   parser.add_argument("--selection", action="store_true",
                       help="time the top-k selection alone (see above) instead of all-reduces")
+  parser.add_argument("--pieces", action="store_true",
+                      help="time the competitors' pieces and the operations under them on "
+                           "one device (see above) at k = --density · n")
   parser.add_argument("--densities", default="0.01,0.001",
                       help="with --selection: densities, comma separated (default 0.01,0.001)")
   parser.add_argument("--out", help="directory for the rows (results.json), their tables "
@@ -122,6 +135,8 @@ def _parse_args(argv):
     parser.error("--repeats must be >= 1")
   if not 0 < args.density <= 1:  # also NaN
     parser.error(f"--density must be in (0, 1], got {args.density}")
+  if args.pieces and args.density > 0.5:  # two rows of k distinct offsets below n
+    parser.error(f"--pieces: --density must be at most 0.5, got {args.density}")
   for flag in ("alpha", "beta"):
     if not 0 < getattr(args, flag) < float("inf"):
       parser.error(f"--{flag} must be a positive, finite number, got {getattr(args, flag)}")
@@ -152,9 +167,9 @@ def _parse_args(argv):
 
 def kind_of(args: dict) -> str:
   """Which benchmark wrote a raw file, from its recorded arguments: ``"selection"``,
-  ``"emulated"`` or ``"results"`` (:func:`report`'s ``kind``)."""
-  return ("selection" if args.get("selection") else "emulated" if args.get("emulate")
-          else "results")
+  ``"pieces"``, ``"emulated"`` or ``"results"`` (:func:`report`'s ``kind``)."""
+  return ("selection" if args.get("selection") else "pieces" if args.get("pieces")
+          else "emulated" if args.get("emulate") else "results")
 
 
 def report(kind: str, rows: list[dict]) -> str:
@@ -163,6 +178,8 @@ def report(kind: str, rows: list[dict]) -> str:
   and writes beside the rows, so a page that copies it can be checked against them."""
   if kind == "selection":
     return format_selection(rows)
+  if kind == "pieces":
+    return format_pieces(rows)
   if kind == "emulated":
     return format_emulated(rows)
   return (f"{format_table(rows)}\n\nThe paper's Table 1 beside the measurement\n\n"
@@ -192,6 +209,12 @@ def main(argv=None) -> int:
     _finish(args, "selection", f"\nSelection of the top k (one device, "
             f"{jax.devices()[0].device_kind}, {platform.machine()}, {os.cpu_count()} cores, "
             f"jax {jax.__version__}; median of {args.repeats})", rows)
+    return 0
+  if args.pieces:
+    rows = run_pieces(args)
+    _finish(args, "pieces", f"The competitors' pieces (one {jax.devices()[0].device_kind} "
+            f"device, {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}; "
+            f"median of {args.repeats}, interleaved)", rows)
     return 0
   if args.emulate:  # one device, whatever the backend
     rows = run_emulated(args)
