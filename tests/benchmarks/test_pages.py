@@ -334,3 +334,12 @@ def test_every_figure_the_results_index_quotes_is_on_its_page():
     text = _read(os.path.join(RESULTS, page))
     figures = re.findall(r"\d[\d,]*\.\d+|\d[\d,]*(?=×)|\d+(?= ?%)|\d+ of \d+", found)
     assert [f for f in dict.fromkeys(figures) if f not in text] == [], page
+
+
+def test_every_figure_the_readme_quotes_is_on_a_results_page():
+  """The README's figures (decimals, ratios ``N×``, percentages) are each written on some
+  page of benchmarks/results: a figure typed into the README alone fails."""
+  readme = _read(os.path.join(ROOT, "README.md"))
+  pages = "".join(_read(p) for p in PAGES)
+  figures = re.findall(r"\d[\d,]*\.\d+|\d[\d,]*(?=×)|\d+(?= ?%)", readme)
+  assert [f for f in dict.fromkeys(figures) if f not in pages] == []
