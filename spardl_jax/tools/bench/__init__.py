@@ -204,23 +204,20 @@ def _finish(args, kind: str, title: str, rows: list[dict]) -> bool:
 
 def main(argv=None) -> int:
   args = _parse_args(sys.argv[1:] if argv is None else argv)
-  if args.selection:
-    rows = run_selection(args)
-    _finish(args, "selection", f"\nSelection of the top k (one device, "
-            f"{jax.devices()[0].device_kind}, {platform.machine()}, {os.cpu_count()} cores, "
-            f"jax {jax.__version__}; median of {args.repeats})", rows)
-    return 0
-  if args.pieces:
-    rows = run_pieces(args)
-    _finish(args, "pieces", f"The competitors' pieces (one {jax.devices()[0].device_kind} "
-            f"device, {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}; "
-            f"median of {args.repeats}, interleaved)", rows)
-    return 0
-  if args.emulate:  # one device, whatever the backend
-    rows = run_emulated(args)
-    _finish(args, "emulated", f"Each sync with P ranks emulated on one "
-            f"{jax.devices()[0].device_kind} (jax {jax.__version__}), density {args.density}, "
-            f"median of {args.repeats}", rows)
+  kind = kind_of(vars(args))
+  if kind != "results":  # one device, whatever the backend
+    device = jax.devices()[0].device_kind
+    here = f"{platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}"
+    run_kind, title = {
+        "selection": (run_selection, f"\nSelection of the top k (one device, {device}, {here}; "
+                                     f"median of {args.repeats})"),
+        "pieces": (run_pieces, f"The competitors' pieces (one {device} device, {here}; median "
+                               f"of {args.repeats}, interleaved)"),
+        "emulated": (run_emulated, f"Each sync with P ranks emulated on one {device} (jax "
+                                   f"{jax.__version__}), density {args.density}, median of "
+                                   f"{args.repeats}"),
+    }[kind]
+    _finish(args, kind, title, run_kind(args))
     return 0
   # Before JAX starts its CPU backend; ignored on GPU hosts, which use their real devices.
   jax.config.update("jax_num_cpu_devices", max(args.devices))
