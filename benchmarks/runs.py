@@ -1,16 +1,20 @@
 """What the benchmarks read of training runs, and when a run reaches a target.
 
-Every driver reads ``python -m train`` runs through :func:`train.report.read` (the one place
-``metrics.json`` is written and read) and measures "steps (or seconds) to a fraction of
-dense's final metric" with :func:`target` and :func:`first_reaching`.
+Every driver reads ``python -m train`` runs through :func:`read` and :func:`find`: each run's
+``metrics.json`` as :mod:`train.report` writes it, or kept with the experiment's other runs
+in one ``runs.json`` (:func:`bundle`, ``python -m benchmarks.runs --bundle FOLDER``). They
+measure "steps (or seconds) to a fraction of dense's final metric" with :func:`target` and
+:func:`first_reaching`.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import glob
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -20,8 +24,8 @@ from spardl_jax.tools.provenance import provenance
 from train import report
 from train.report import RunRecord
 
-__all__ = ['RunRecord', 'Runs', 'Row', 'RowAtP', 'find', 'target', 'first_reaching', 'provenance',
-           'write_rows']
+__all__ = ['RunRecord', 'Runs', 'Row', 'RowAtP', 'BUNDLE', 'bundle', 'exists', 'read', 'find',
+           'target', 'first_reaching', 'provenance', 'write_rows']
 
 Point = TypeVar("Point")
 R = TypeVar("R", bound="Row")
@@ -154,14 +158,143 @@ class RowAtP(Row):
             "metric": "accuracy", **row}
 
 
+# One experiment's training runs in one file: what python -m train wrote under its folder,
+# each run's metrics.json by the run's folder (relative, "/"-separated) and each log its job
+# wrote by its path (:func:`bundle`).
+BUNDLE = "runs.json"
+
+
+def bundle(folder: str) -> int:
+  """Folds every ``python -m train`` run under ``folder`` into ``folder/runs.json`` (each
+  ``metrics.json`` by its run's folder, each ``.log`` by its path, beside any runs the file
+  holds already) and removes what it folded: the files, what the trainer wrote beside each
+  ``metrics.json`` that it renders again (its ``results.md``, ``metrics.csv`` and plot) and
+  the folders left empty.
+  Returns the runs folded; a ValueError where a run's folder is already in the bundle."""
+  path = os.path.join(folder, BUNDLE)
+  held = _load(path) if os.path.exists(path) else {"runs": {}, "logs": {}}
+  metrics = sorted(glob.glob(os.path.join(folder, "**", "metrics.json"), recursive=True))
+  logs = sorted(glob.glob(os.path.join(folder, "**", "*.log"), recursive=True))
+  for file in metrics:
+    key = _key(folder, os.path.dirname(file))
+    if key in held["runs"]:
+      raise ValueError(f"bundle: {folder}'s {BUNDLE} holds {key!r} already; {file} is another "
+                       f"run of it")
+    with open(file) as f:
+      held["runs"][key] = json.load(f)
+  for file in logs:
+    with open(file) as f:
+      held["logs"][_key(folder, file)] = f.read()
+  with open(path + ".tmp", "w") as f:
+    json.dump(held, f, indent=1)
+  os.replace(path + ".tmp", path)
+  for file in metrics:
+    for name in ("metrics.json", *_RENDERED):
+      if os.path.exists(gone := os.path.join(os.path.dirname(file), name)):
+        os.remove(gone)
+  for file in logs:
+    os.remove(file)
+  for here, _, _ in sorted(os.walk(folder), reverse=True):  # the deepest first
+    if here != folder and not os.listdir(here):
+      os.rmdir(here)
+  return len(metrics)
+
+
+# What python -m train writes beside a run's metrics.json that the file renders again (its
+# table, curves and plot), and its writer's lock: folded away with it.
+_RENDERED = ("results.md", "metrics.csv", "accuracy.png", "mae.png", ".writer.lock")
+
+
+def _key(folder: str, path: str) -> str:
+  return os.path.relpath(path, folder).replace(os.sep, "/")
+
+
+def _load(path: str) -> dict:
+  try:
+    with open(path) as f:
+      held = json.load(f)
+  except (OSError, json.JSONDecodeError) as error:
+    raise ValueError(f"{path} cannot be read as a bundle of runs: {error}") from None
+  if not (isinstance(held, dict) and isinstance(held.get("runs"), dict)):
+    raise ValueError(f"{path} is not a bundle of runs (benchmarks.runs.bundle writes them)")
+  held.setdefault("logs", {})
+  return held
+
+
+def _bundled(path: str) -> tuple[str, dict] | None:
+  """Where the run whose ``metrics.json`` would be ``path`` is kept in a bundle of a folder
+  above it: the bundle's path and the run's content; None if no bundle holds it."""
+  run = os.path.dirname(os.path.abspath(path))
+  folder = run
+  while True:
+    bundle_path = os.path.join(folder, BUNDLE)
+    if os.path.exists(bundle_path):
+      held = _load(bundle_path)["runs"].get(_key(folder, run))
+      if held is not None:
+        return bundle_path, held
+    parent = os.path.dirname(folder)
+    if parent == folder:
+      return None
+    folder = parent
+
+
+def exists(path: str) -> bool:
+  """Whether a run's ``metrics.json`` at ``path`` is there, as a file or in a bundle."""
+  return os.path.exists(path) or _bundled(path) is not None
+
+
+def read(path: str) -> list[RunRecord]:
+  """The runs of the ``metrics.json`` at ``path``, a file or kept in a bundle of a folder
+  above it (:func:`bundle`); a ValueError naming ``path`` when neither is there."""
+  if not os.path.exists(path) and (found := _bundled(path)) is not None:
+    return report.parse(found[1], f"{path} (in {found[0]})")
+  return report.read(path)
+
+
 def find(folders: Sequence[str]) -> list[RunRecord]:
-  """Every run of every ``metrics.json`` under ``folders`` (searched recursively), in path
-  order; a ValueError when there is none."""
-  paths = sorted(p for folder in folders
-                 for p in glob.glob(os.path.join(folder, "**", "metrics.json"), recursive=True))
-  if not paths:
+  """Every run of every ``metrics.json`` under ``folders`` (searched recursively; a run kept
+  in a bundle counts where its file was), in path order; a ValueError when there is none."""
+  found = []
+  for folder in folders:
+    for path in glob.glob(os.path.join(folder, "**", "metrics.json"), recursive=True):
+      found.append((os.path.abspath(path), report.read(path)))
+    bundles = glob.glob(os.path.join(folder, "**", BUNDLE), recursive=True)
+    above = os.path.dirname(os.path.abspath(folder))
+    while os.path.dirname(above) != above:  # a bundle of a folder above holds it
+      if os.path.exists(os.path.join(above, BUNDLE)):
+        bundles.append(os.path.join(above, BUNDLE))
+      above = os.path.dirname(above)
+    for path in bundles:
+      base = os.path.dirname(os.path.abspath(path))
+      for key, saved in _load(path)["runs"].items():
+        run = os.path.join(base, key)
+        if os.path.commonpath([run, os.path.abspath(folder)]) == os.path.abspath(folder):
+          found.append((os.path.join(run, "metrics.json"),
+                        report.parse(saved, f"{path}: {key}")))
+  if not found:
     raise ValueError(f"no metrics.json under {', '.join(folders)}")
-  return [run for path in paths for run in report.read(path)]
+  return [run for _, records in sorted(found, key=lambda pair: pair[0]) for run in records]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="python -m benchmarks.runs",
+      description="Fold each experiment's python -m train runs into one file: every "
+                  "metrics.json and .log under FOLDER into FOLDER/runs.json, which the "
+                  "drivers read as they read the files.")
+  parser.add_argument("--bundle", required=True, metavar="FOLDER[,FOLDER...]")
+  args = parser.parse_args(argv)
+  folders = args.bundle.split(",")
+  missing = [f for f in folders if not os.path.isdir(f)]
+  if missing:
+    parser.error(f"--bundle: not a folder: {', '.join(missing)}")
+  for folder in folders:
+    try:
+      print(f"{folder}: {bundle(folder)} runs folded into {BUNDLE}")
+    except ValueError as error:
+      print(f"python -m benchmarks.runs: error: {error}", file=sys.stderr)
+      return 2
+  return 0
 
 
 def target(dense_finals: Sequence[float], fraction: float) -> float:
@@ -188,3 +321,7 @@ def write_rows(out: str, meta: dict, rows: list[dict], table: str) -> None:
     with open(path + ".tmp", "w") as f:
       f.write(text)
     os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -47,7 +47,6 @@ from typing import TypeVar
 from benchmarks import runs
 from benchmarks.cli import FRACTIONS, SEEDS
 from models.registry import SIZES
-from train import report
 from train.config import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT,
                           parse_variants)
 
@@ -252,15 +251,15 @@ def summarize(args) -> list[Timed]:
   finished = {}
   for seed, rate in ((s, r) for s in args.seeds for r in args.rates):
     path = os.path.join(run_dir(args, seed, rate), "metrics.json")
-    if not os.path.exists(path):
+    if not runs.exists(path):
       print(f"no run for seed {seed} at {rate} ({path}): left out", file=sys.stderr)
       continue
-    finished[seed, rate] = {run.label: run for run in report.read(path)}
+    finished[seed, rate] = {run.label: run for run in runs.read(path)}
     if args.dense_from:
       earlier = os.path.join(args.dense_from, f"seed{seed}", rate, "metrics.json")
-      if not os.path.exists(earlier):
+      if not runs.exists(earlier):
         raise ValueError(f"--dense-from has no run for seed {seed} at {rate} ({earlier}).")
-      finished[seed, rate]["dense"] = {run.label: run for run in report.read(earlier)}["dense"]
+      finished[seed, rate]["dense"] = {run.label: run for run in runs.read(earlier)}["dense"]
     devices = {run.devices for run in finished[seed, rate].values()}
     if devices != {args.processes}:  # rounds per step depend on it
       raise ValueError(f"{path} was trained on {', '.join(map(str, devices))} processes: pass "

@@ -70,10 +70,20 @@ def read(path: str) -> list[RunRecord]:
   try:
     with open(path) as f:
       saved = json.load(f)
-    return [_from_json(run, saved["config"]) for run in saved["runs"]]
   except FileNotFoundError:
     raise ValueError(f"no {path} (a folder python -m train wrote with --out)") from None
-  except (OSError, json.JSONDecodeError, KeyError, TypeError, StopIteration) as error:
+  except (OSError, json.JSONDecodeError) as error:
+    raise ValueError(f"{path} is not a python -m train metrics.json ({type(error).__name__}: "
+                     f"{error})") from None
+  return parse(saved, path)
+
+
+def parse(saved: Any, path: str) -> list[RunRecord]:
+  """The runs of a ``metrics.json``'s content ``saved`` (read from ``path``, which the
+  ValueError names when it holds something else)."""
+  try:
+    return [_from_json(run, saved["config"]) for run in saved["runs"]]
+  except (KeyError, TypeError, StopIteration) as error:
     raise ValueError(f"{path} is not a python -m train metrics.json ({type(error).__name__}: "
                      f"{error})") from None
 

@@ -8,7 +8,7 @@ import pytest
 
 from spardl_jax.parallel import launch
 from spardl_jax.tools import bench
-from benchmarks import convergence, time_to_accuracy
+from benchmarks import convergence, runs, time_to_accuracy
 
 
 def fake_tta_run(out, devices=2, methods=("dense",)):
@@ -121,6 +121,8 @@ ROWS = [
      lambda tmp: ["--report", str(fake_convergence_run(tmp / "cv0", keys=("dense", "v"))),
                   "--goals", "1,1,1", "--judge", "w", "--out", str(tmp / "cv")],
      "--judge: w not in"),
+    ("runs --bundle at no folder", runs.main, lambda tmp: ["--bundle", str(tmp / "nowhere")],
+     "--bundle: not a folder:"),
     ("tta --local at a shaped rate", time_to_accuracy.main,
      lambda tmp: ["--local", "--rates", "100mbit"],
      "--local cannot shape the network: use --rates unshaped, got ['100mbit']"),

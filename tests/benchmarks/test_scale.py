@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from benchmarks import runs as lab_runs
 from benchmarks import scale
 from benchmarks.runs import RowAtP
 
@@ -177,3 +178,25 @@ def test_variants_keeps_those_labels_in_their_order_and_names_an_unknown_one():
   assert scale.only(rows, None) is rows
   with pytest.raises(ValueError, match=r"--variants: no runs of 'c'; the runs have a, dense, b"):
     scale.only(rows, ["dense", "c"])
+
+
+def test_an_experiments_runs_folded_into_one_file_read_as_before(runs, tmp_path):
+  """benchmarks.runs --bundle: every metrics.json (and log) under a folder into its
+  runs.json, the files and the folders they leave empty gone; the drivers read the same
+  runs in the same order, from the folder or from one of its run folders, and a second
+  bundle of one run's folder is refused."""
+  (runs / "s0_p8.log").write_text("the job's output\n")
+  before = scale.steps_table(scale.load_runs([str(runs)]), 0.98)
+  one_p = scale.load_runs([str(runs / "s0_p16")])
+  assert lab_runs.main(["--bundle", str(runs)]) == 0
+  assert sorted(p.name for p in runs.iterdir()) == [lab_runs.BUNDLE]
+  held = json.loads((runs / lab_runs.BUNDLE).read_text())
+  assert sorted(held["runs"]) == ["s0_p16", "s0_p16_more", "s0_p8", "s1_p8"]
+  assert held["logs"] == {"s0_p8.log": "the job's output\n"}
+  assert scale.steps_table(scale.load_runs([str(runs)]), 0.98) == before
+  assert scale.load_runs([str(runs / "s0_p16")]) == one_p  # a folder the bundle holds
+  assert lab_runs.exists(str(runs / "s0_p8" / "metrics.json"))
+  assert not lab_runs.exists(str(runs / "s9_p8" / "metrics.json"))
+  write_run(runs / "s0_p8", 8, 0, [("dense", "dense", {}, [0.5])])
+  with pytest.raises(ValueError, match="holds 's0_p8' already"):
+    lab_runs.bundle(str(runs))

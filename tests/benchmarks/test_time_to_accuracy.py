@@ -5,7 +5,7 @@ has the real run)."""
 import json
 
 
-from benchmarks import time_to_accuracy
+from benchmarks import runs, time_to_accuracy
 
 
 def test_smoke_run_reports_every_method(tmp_path, capsys):
@@ -37,6 +37,15 @@ def test_smoke_run_reports_every_method(tmp_path, capsys):
       "--model-size", "tiny", "--targets", "0.1", "--dense-from", str(tmp_path),
       "--out", str(later)]) == 0
   assert json.loads((later / "results.json").read_text())["rows"] == rows
+  # Each experiment's runs folded into one file: the reports read them there, the same.
+  assert runs.bundle(str(later)) == 1 and runs.bundle(str(tmp_path)) == 1
+  assert not (tmp_path / "seed0").exists() and (tmp_path / runs.BUNDLE).exists()
+  for out, methods in ((tmp_path, "dense,spardl"), (later, "spardl")):
+    assert time_to_accuracy.main([
+        "--report", "--processes", "2", "--rates", "unshaped", "--methods", methods,
+        "--model-size", "tiny", "--targets", "0.1", "--out", str(out)]
+        + (["--dense-from", str(tmp_path)] if out == later else [])) == 0
+    assert json.loads((out / "results.json").read_text())["rows"] == rows
 
 
 def test_over_seeds_takes_medians_and_counts_who_was_first():
