@@ -735,7 +735,7 @@ def run(args) -> int:
       saved = read_report(directory)
       recorded.update(saved.get("cases", {}))
       seeds = saved.get("seeds")
-      for r in map(lambda row: Runs.from_json(row, seeds), saved.pop("rows")):
+      for r in [Runs.from_json(row, seeds) for row in saved.pop("rows")]:
         # A variant is its label (one key, such as DiLoCo's, runs at several H); its seeds
         # are its own (a report's rows keep them), else the run's when it has one curve a
         # seed.

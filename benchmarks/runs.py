@@ -1,4 +1,5 @@
-"""What the benchmarks read of training runs, and when a run reaches a target.
+"""What the benchmarks read of training runs, the rows their tables are formatted from
+(:class:`Runs`, :class:`Row`, :class:`RowAtP`), and when a run reaches a target.
 
 Every driver reads ``python -m train`` runs through :func:`read` and :func:`find`: each run's
 ``metrics.json`` as :mod:`train.report` writes it, or kept with the experiment's other runs
