@@ -460,8 +460,7 @@ def _never(value: float | None, spec: str) -> str:
 
 def _per_seed(r: Row) -> str:
   """A row's steps to the target, the mean and each seed's."""
-  return (f"{_never(r.mean_steps, '.0f')} ("
-          + ", ".join("never" if s is None else str(s) for s in r.steps) + ")")
+  return f"{_never(r.mean_steps, '.0f')} ({r.seed_steps})"
 
 
 def _finals(r: Row) -> str:
@@ -646,7 +645,7 @@ def goals_table(rows: list[Row], goals: Goals, judge=()) -> str:
     if base.mean_steps is None:
       steps = "– (dense never reaches it on the mean" + (f"; {best}" if best else "") + ")"
     elif r.steps_ratio is None:
-      steps = "**missed**: never (" + _per_seed(r).split(" (", 1)[1]
+      steps = f"**missed**: never ({r.seed_steps})"
     else:
       steps = (f"{verdict(r.steps_ratio <= goals.steps)}: {r.steps_ratio:.2f}"
                + (f" ({best})" if best else ""))

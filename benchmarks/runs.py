@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 import numpy as np
 
 from spardl_jax.tools.provenance import provenance
-from train import report
+from train import lock, report
 from train.report import RunRecord
 
-__all__ = ['RunRecord', 'Runs', 'Row', 'RowAtP', 'BUNDLE', 'bundle', 'exists', 'read', 'find',
+__all__ = ['RunRecord', 'Runs', 'Row', 'RowAtP', 'BUNDLE', 'bundle', 'lookup', 'read', 'find',
            'target', 'first_reaching', 'provenance', 'write_rows']
 
 Point = TypeVar("Point")
@@ -115,6 +115,12 @@ class Row:
     return float(np.mean(reached)) if reached and len(reached) == len(self.steps) else None
 
   @property
+  def seed_steps(self) -> str:
+    """Each seed's steps to the target as a table shows them (``"never"`` where it never
+    got there)."""
+    return ", ".join("never" if s is None else str(s) for s in self.steps)
+
+  @property
   def mean_final(self) -> float:
     return float(np.mean(self.final))
 
@@ -190,7 +196,8 @@ def bundle(folder: str) -> int:
     json.dump(held, f, indent=1)
   os.replace(path + ".tmp", path)
   for file in metrics:
-    for name in ("metrics.json", *_RENDERED):
+    metric = held["runs"][_key(folder, os.path.dirname(file))]["runs"][0]["metric"]
+    for name in (*report.files(metric), lock.LOCK):  # the record, what it renders, the lock
       if os.path.exists(gone := os.path.join(os.path.dirname(file), name)):
         os.remove(gone)
   for file in logs:
@@ -199,11 +206,6 @@ def bundle(folder: str) -> int:
     if here != folder and not os.listdir(here):
       os.rmdir(here)
   return len(metrics)
-
-
-# What python -m train writes beside a run's metrics.json that the file renders again (its
-# table, curves and plot), and its writer's lock: folded away with it.
-_RENDERED = ("results.md", "metrics.csv", "accuracy.png", "mae.png", ".writer.lock")
 
 
 def _key(folder: str, path: str) -> str:
@@ -222,34 +224,34 @@ def _load(path: str) -> dict:
   return held
 
 
-def _bundled(path: str) -> tuple[str, dict] | None:
-  """Where the run whose ``metrics.json`` would be ``path`` is kept in a bundle of a folder
-  above it: the bundle's path and the run's content; None if no bundle holds it."""
-  run = os.path.dirname(os.path.abspath(path))
-  folder = run
+def _above(folder: str):
+  """``folder`` (absolute) and every folder above it, the nearest first."""
+  folder = os.path.abspath(folder)
   while True:
-    bundle_path = os.path.join(folder, BUNDLE)
-    if os.path.exists(bundle_path):
+    yield folder
+    if os.path.dirname(folder) == folder:
+      return
+    folder = os.path.dirname(folder)
+
+
+def lookup(path: str) -> list[RunRecord] | None:
+  """The runs of the ``metrics.json`` at ``path``, a file or kept in a bundle of a folder
+  at or above its run's (:func:`bundle`); None when neither holds it."""
+  if os.path.exists(path):
+    return report.read(path)
+  run = os.path.dirname(os.path.abspath(path))
+  for folder in _above(run):
+    if os.path.exists(bundle_path := os.path.join(folder, BUNDLE)):
       held = _load(bundle_path)["runs"].get(_key(folder, run))
       if held is not None:
-        return bundle_path, held
-    parent = os.path.dirname(folder)
-    if parent == folder:
-      return None
-    folder = parent
-
-
-def exists(path: str) -> bool:
-  """Whether a run's ``metrics.json`` at ``path`` is there, as a file or in a bundle."""
-  return os.path.exists(path) or _bundled(path) is not None
+        return report.parse(held, f"{path} (in {bundle_path})")
+  return None
 
 
 def read(path: str) -> list[RunRecord]:
-  """The runs of the ``metrics.json`` at ``path``, a file or kept in a bundle of a folder
-  above it (:func:`bundle`); a ValueError naming ``path`` when neither is there."""
-  if not os.path.exists(path) and (found := _bundled(path)) is not None:
-    return report.parse(found[1], f"{path} (in {found[0]})")
-  return report.read(path)
+  """:func:`lookup`, or the ValueError naming ``path`` when nothing holds it."""
+  found = lookup(path)
+  return report.read(path) if found is None else found
 
 
 def find(folders: Sequence[str]) -> list[RunRecord]:
@@ -259,12 +261,9 @@ def find(folders: Sequence[str]) -> list[RunRecord]:
   for folder in folders:
     for path in glob.glob(os.path.join(folder, "**", "metrics.json"), recursive=True):
       found.append((os.path.abspath(path), report.read(path)))
-    bundles = glob.glob(os.path.join(folder, "**", BUNDLE), recursive=True)
-    above = os.path.dirname(os.path.abspath(folder))
-    while os.path.dirname(above) != above:  # a bundle of a folder above holds it
-      if os.path.exists(os.path.join(above, BUNDLE)):
-        bundles.append(os.path.join(above, BUNDLE))
-      above = os.path.dirname(above)
+    bundles = glob.glob(os.path.join(folder, "**", BUNDLE), recursive=True) + [
+        path for above in list(_above(folder))[1:]  # a bundle of a folder above holds it
+        if os.path.exists(path := os.path.join(above, BUNDLE))]
     for path in bundles:
       base = os.path.dirname(os.path.abspath(path))
       for key, saved in _load(path)["runs"].items():

@@ -108,17 +108,16 @@ def against_p(steps: list[runs.RowAtP], *, fraction: float, title: str) -> str:
            "there).", "", "| P | " + " | ".join(labels) + " |",
            "| --- |" + " --- |" * len(labels)]
   for p in ps:
-    dense = by[(p, "dense")].mean_steps
     cells = []
     for label in labels:
       r = by.get((p, label))
       if r is None:
         cells.append("")
       elif r.mean_steps is None:
-        cells.append("never (" + ", ".join("never" if s is None else str(s)
-                                           for s in r.steps) + ")")
+        cells.append(f"never ({r.seed_steps})")
       else:
-        cells.append(f"{r.mean_steps:.0f}" + (f" ({r.mean_steps / dense:.2f}×)" if dense else ""))
+        cells.append(f"{r.mean_steps:.0f}"
+                     + (f" ({r.steps_ratio:.2f}×)" if r.steps_ratio is not None else ""))
     lines.append(f"| {p} | " + " | ".join(cells) + " |")
   lines += ["", "Final test metric, and bytes per step per device:", "",
             "| P | " + " | ".join(labels) + " |", "| --- |" + " --- |" * len(labels)]
@@ -246,10 +245,9 @@ def report(steps: list[runs.RowAtP], times: list[dict], firsts: list[dict], *,
            "## Steps to the target (mean over seeds; per seed in brackets) and final metric", "",
            "| P | variant | steps | final |", "| --- | --- | --- | --- |"]
   for r in steps:
-    per_seed = ", ".join("never" if s is None else str(s) for s in r.steps)
     mean = "never" if r.mean_steps is None else f"{r.mean_steps:.0f}"
     final = ", ".join(f"{f:.3f}" for f in r.final)
-    lines.append(f"| {r.p} | {r.key} | {mean} ({per_seed}) | {final} |")
+    lines.append(f"| {r.p} | {r.key} | {mean} ({r.seed_steps}) | {final} |")
   lower = sorted({m for f in firsts for m in f["lower_bound"]})
   guessed = sorted({m for f in firsts for m in f["estimated"]})
   note = " ".join(filter(None, [

@@ -251,15 +251,17 @@ def summarize(args) -> list[Timed]:
   finished = {}
   for seed, rate in ((s, r) for s in args.seeds for r in args.rates):
     path = os.path.join(run_dir(args, seed, rate), "metrics.json")
-    if not runs.exists(path):
+    found = runs.lookup(path)
+    if found is None:
       print(f"no run for seed {seed} at {rate} ({path}): left out", file=sys.stderr)
       continue
-    finished[seed, rate] = {run.label: run for run in runs.read(path)}
+    finished[seed, rate] = {run.label: run for run in found}
     if args.dense_from:
       earlier = os.path.join(args.dense_from, f"seed{seed}", rate, "metrics.json")
-      if not runs.exists(earlier):
+      dense = runs.lookup(earlier)
+      if dense is None:
         raise ValueError(f"--dense-from has no run for seed {seed} at {rate} ({earlier}).")
-      finished[seed, rate]["dense"] = {run.label: run for run in runs.read(earlier)}["dense"]
+      finished[seed, rate]["dense"] = {run.label: run for run in dense}["dense"]
     devices = {run.devices for run in finished[seed, rate].values()}
     if devices != {args.processes}:  # rounds per step depend on it
       raise ValueError(f"{path} was trained on {', '.join(map(str, devices))} processes: pass "

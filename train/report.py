@@ -125,13 +125,18 @@ def runs_of(results: list[RunResult]) -> list[dict]:
            "history": r.history} for r in results]
 
 
+def files(metric: str) -> tuple[str, str, str, str]:
+  """The names :func:`write` gives its files for runs of ``metric``: ``metrics.json`` (the
+  record), then what it renders from the same data (the curves, the plot, the table)."""
+  return ("metrics.json", "metrics.csv", f"{metric}.png", "results.md")
+
+
 def write(out: str, results: list[RunResult], config: dict) -> list[str]:
   """Writes ``metrics.json``, ``metrics.csv``, ``results.md`` (:func:`format_markdown`) and
-  the plot ``<metric>.png`` under ``out``."""
+  the plot ``<metric>.png`` under ``out`` (:func:`files`)."""
   os.makedirs(out, exist_ok=True)
   runs = runs_of(results)
-  paths = [os.path.join(out, name) for name in ("metrics.json", "metrics.csv",
-                                                  f"{results[0].metric}.png", "results.md")]
+  paths = [os.path.join(out, name) for name in files(results[0].metric)]
   with open(paths[0], "w") as f:
     json.dump({"config": config, "runs": runs}, f, indent=2)
   with open(paths[1], "w", newline="") as f:

@@ -195,8 +195,9 @@ def test_an_experiments_runs_folded_into_one_file_read_as_before(runs, tmp_path)
   assert held["logs"] == {"s0_p8.log": "the job's output\n"}
   assert scale.steps_table(scale.load_runs([str(runs)]), 0.98) == before
   assert scale.load_runs([str(runs / "s0_p16")]) == one_p  # a folder the bundle holds
-  assert lab_runs.exists(str(runs / "s0_p8" / "metrics.json"))
-  assert not lab_runs.exists(str(runs / "s9_p8" / "metrics.json"))
+  assert lab_runs.lookup(str(runs / "s0_p8" / "metrics.json")) == lab_runs.read(
+      str(runs / "s0_p8" / "metrics.json")) != []
+  assert lab_runs.lookup(str(runs / "s9_p8" / "metrics.json")) is None
   write_run(runs / "s0_p8", 8, 0, [("dense", "dense", {}, [0.5])])
   with pytest.raises(ValueError, match="holds 's0_p8' already"):
     lab_runs.bundle(str(runs))
