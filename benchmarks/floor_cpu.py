@@ -33,7 +33,7 @@ def main(argv=None) -> int:
   from jax.sharding import PartitionSpec as P
 
   from spardl_jax import distributed
-  from spardl_jax import methods
+  from spardl_jax import collectives, options
 
   p, n = args.devices, args.n
   mesh = jax.make_mesh((p,), ("data",), devices=jax.devices()[:p],
@@ -64,9 +64,9 @@ def main(argv=None) -> int:
   }
   states = {}
   for spec in args.methods.split(","):
-    method = methods.parse(spec, density=0.01).build(p)
-    sync = methods.sharded(method, mesh)
-    states[spec] = distributed.shard_rows(methods.init_rows(method, p, n), mesh)
+    method = options.parse(spec, density=0.01).build(p)
+    sync = collectives.sharded(method, mesh)
+    states[spec] = distributed.shard_rows(collectives.init_rows(method, p, n), mesh)
 
     def call(x, r, spec=spec, sync=sync):
       y, states[spec] = sync(x, states[spec])  # the state fed back, as in training

@@ -136,7 +136,7 @@ def shaper_record(rates) -> dict:
 
 
 def launch_where(namespaces: list[str] | None) -> dict:
-  """:func:`spardl_jax.parallel.launch.launch`'s keywords that put rank ``i`` in
+  """:func:`spardl_jax._src.parallel.launch.launch`'s keywords that put rank ``i`` in
   ``namespaces[i]`` with rank 0 as the coordinator (none for ``None``: this host's
   loopback)."""
   if namespaces is None:
@@ -190,7 +190,7 @@ def worker(args) -> int:
   import jax
   import numpy as np
 
-  from spardl_jax import methods
+  from spardl_jax import collectives, options
 
   p = jax.device_count()
   mesh = jax.make_mesh((p,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
@@ -199,9 +199,9 @@ def worker(args) -> int:
   x = distributed.shard_rows(xs, mesh)
   runs, sent = {}, {}
   for text in args.methods:
-    method = methods.parse(text, density=args.density).build(p)
-    state = distributed.shard_rows(methods.init_rows(method, p, args.n), mesh)
-    fn = methods.sharded(method, mesh)
+    method = options.parse(text, density=args.density).build(p)
+    state = distributed.shard_rows(collectives.init_rows(method, p, args.n), mesh)
+    fn = collectives.sharded(method, mesh)
     _, state = jax.block_until_ready(fn(x, state))  # compile and warm up (step 0)
     runs[text] = [fn, state]
     sent[text] = method.formula(p=p, n=args.n, itemsize=4).bytes

@@ -46,13 +46,13 @@ def worker(args) -> int:
   import numpy as np
   from jax.sharding import PartitionSpec as P
 
-  from spardl_jax import methods
+  from spardl_jax import collectives, methods
 
   p = jax.device_count()
   mesh = jax.make_mesh((p,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
   rng = np.random.default_rng(0)
   method = methods.make("spardl", p=p, density=args.density)
-  state = distributed.shard_rows(methods.init_rows(method, p, args.n), mesh)
+  state = distributed.shard_rows(collectives.init_rows(method, p, args.n), mesh)
   vec = distributed.shard_rows(rng.standard_normal((p, args.n)).astype(np.float32), mesh)
   xs = distributed.shard_rows(
       rng.standard_normal((p, args.batch, args.width)).astype(np.float32), mesh)

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax import methods
+from spardl_jax import options
 
 __all__ = ['COLLECTIVES', 'batched', 'one_rank', 'measure', 'main']
 
@@ -97,7 +97,7 @@ def _median(fn, args, repeats: int) -> float:
 
 def measure(spec: str, *, p: int, n: int, density: float, repeats: int, seed: int = 0) -> dict:
   """One method's batched time per rank and rank 0's own time, and whether they agree."""
-  method = methods.parse(spec, density=density).build(p)
+  method = options.parse(spec, density=density).build(p)
   x = jax.random.normal(jax.random.key(seed), (p, n))
   state = jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *a.shape)),
                        method.init(n=n, dtype=x.dtype, p=p))

@@ -68,8 +68,8 @@ OLD_TBF_BURST = 4 * 2**20
 def _method(spec: str, density: float, p: int):
   """A method from its spec (``spardl``, ``spardl:wire=exact``, ``spardl:density=auto``) on
   ``p`` devices, at ``density`` unless the spec gives one."""
-  from spardl_jax import methods
-  return methods.parse(spec, density=density).build(p)
+  from spardl_jax import options
+  return options.parse(spec, density=density).build(p)
 
 
 def sync_seconds(method, *, p: int, n: int, link: Link, compute_s: float,

@@ -55,7 +55,7 @@ def _parse_args(argv):
       p.error(f"--models: unknown {name!r}; choose from {', '.join(MODELS)}")
   args.sizes = args.sizes.split(",")
   args.methods = args.methods.split(",")
-  from spardl_jax import methods
+  from spardl_jax import methods, options
   for text in args.methods:
     try:
       name, options = _spec(text)
@@ -66,9 +66,9 @@ def _parse_args(argv):
 
 
 def _spec(text: str):
-  """The :class:`spardl_jax.methods.MethodSpec` ``(method, options)`` of a method spec."""
-  from spardl_jax import methods
-  return methods.parse(text, density=DENSITY)
+  """The :class:`spardl_jax.options.MethodSpec` ``(method, options)`` of a method spec."""
+  from spardl_jax import options
+  return options.parse(text, density=DENSITY)
 
 
 def synthetic_batch(model, spec, rows: int, seed: int = 0):

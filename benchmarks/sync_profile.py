@@ -99,10 +99,10 @@ def profile(method_spec: str, *, p: int, n: int, calls: int, density: float = 0.
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from spardl_jax import methods
+  from spardl_jax import collectives, options
 
   jax.config.update("jax_traceback_in_locations_limit", -1)  # whole stacks in the HLO
-  method = methods.parse(method_spec, density=density).build(p)
+  method = options.parse(method_spec, density=density).build(p)
   x = jax.random.normal(jax.random.key(0), (p, n))
   state = jax.tree.map(lambda a: jax.numpy.broadcast_to(a, (p, *a.shape)),
                        method.init(n=n, dtype=x.dtype, p=p))
@@ -110,7 +110,7 @@ def profile(method_spec: str, *, p: int, n: int, calls: int, density: float = 0.
     mesh = jax.make_mesh((p,), ("data",), devices=jax.devices()[:p],
                          axis_types=(jax.sharding.AxisType.Explicit,))
     x, state = jax.device_put((x, state), NamedSharding(mesh, P("data")))
-    fn = methods.sharded(method, mesh, nonfinite="propagate")
+    fn = collectives.sharded(method, mesh, nonfinite="propagate")
   else:
     fn = jax.jit(jax.vmap(lambda x, s: method.apply(x, s, axis_name="data"),
                           axis_name="data"))

@@ -52,9 +52,10 @@ def run(args) -> list[tuple[str, float]]:
 
   from spardl_jax import distributed
 
-  # Each version's registry through its own public face.
-  versions = {"now": importlib.import_module("spardl_jax").methods,
-              args.against: importlib.import_module(_OLD).methods}
+  # Each version through its own public face (the earlier ones had every piece in
+  # sj.methods; the spec reader is sj.options' and the row runners sj.collectives' now).
+  versions = {"now": importlib.import_module("spardl_jax"),
+              args.against: importlib.import_module(_OLD)}
   mesh = jax.make_mesh((args.devices,), ("data",), devices=jax.devices()[:args.devices],
                        axis_types=(jax.sharding.AxisType.Explicit,))
   x = distributed.shard_rows(np.random.default_rng(0).standard_normal(
@@ -63,13 +64,16 @@ def run(args) -> list[tuple[str, float]]:
                                in_specs=P("data"), out_specs=P("data")))
   calls = {"psum": [lambda x, state: (psum(x), None), None]}
   for spec in args.methods.split(","):
-    for label, methods in versions.items():
+    for label, face in versions.items():
+      def piece(name, where, face=face):
+        door = getattr(face, where, None)
+        return getattr(door, name) if hasattr(door, name) else getattr(face.methods, name)
       # (method, options) unpacked and made: the earlier version's parse returns a tuple.
-      name, options = methods.parse(spec, density=args.density)
-      method = methods.make(name, **options)
-      calls[f"{spec} ({label})"] = [methods.sharded(method, mesh),
-                                    distributed.shard_rows(methods.init_rows(method, args.devices, args.n),
-                                               mesh)]
+      name, options = piece("parse", "options")(spec, density=args.density)
+      method = face.methods.make(name, **options)
+      rows = piece("init_rows", "collectives")(method, args.devices, args.n)
+      calls[f"{spec} ({label})"] = [piece("sharded", "collectives")(method, mesh),
+                                    distributed.shard_rows(rows, mesh)]
   times: dict[str, list[float]] = {label: [] for label in calls}
   for rounds in range(args.repeats + 1):  # the first round compiles and warms up
     for label, call in calls.items():

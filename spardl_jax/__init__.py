@@ -1,39 +1,40 @@
 """spardl_jax: SparDL sparse all-reduce (ICDE 2024) for JAX data-parallel training.
 
-The package is layered; dependencies point one way:
+Everything a user needs is a name here or in one of the namespaces below, each a door file
+of its own with an ``__all__``; the implementation lives under ``spardl_jax._src``, which is
+not public. The transformations: :func:`spardl`, :func:`sync_gradients` (any registered
+method), :func:`powersgd`, :func:`synced_adamw`, :func:`demo`, :func:`diloco`,
+:func:`sparseloco`, :func:`weight_prediction`; the train step and its state:
+:func:`data_parallel_step`, :func:`init_opt_state`, :func:`opt_state_specs`,
+:func:`opt_state_shardings`, :func:`gradient_point`, :func:`sync_stats`,
+:func:`sync_state_filter`, :func:`use_param_specs`, :func:`bounded_dispatch`; densities:
+:func:`density_rule`, :func:`density_warmup`.
 
-* :mod:`spardl_jax.core` — the SparDL algorithm (layout, SRS, SAG, Bruck, GRES, costs) and
-  the all-reduce protocol with its registry;
-* :mod:`spardl_jax.baselines` — the competitors (dense, TopkA, TopkDSA, gTopk, Ok-Topk,
-  PowerSGD, SparseLoCo);
-* :mod:`spardl_jax.sync` — the method registry by name, the optax transformation and its
-  stages, where parameter specs come from, and where optimizer state lives on the mesh;
-* :mod:`spardl_jax.parallel` — multi-process setup, per-process batch rows, the launcher;
-* :mod:`spardl_jax.tools` — HLO traffic and the one-sync benchmark.
-
-The command lines are console scripts (``spardl-bench``, ``spardl-launch``,
-``spardl-schedule``), the same as ``python -m`` of their modules (``spardl_jax.tools.bench``,
-``.parallel.launch``, ``.core.schedule``).
+Namespaces: ``adam`` (Adam's pieces around a sync), ``checkpoint`` (restore onto another
+device count), ``collectives`` (the raw all-reduces), ``cost`` (the paper's cost table and
+the alpha-beta model), ``distributed`` and ``launch`` (many processes), ``methods`` (the
+registry and the protocol a method implements), ``options`` (choice lists and method specs
+from text), ``points`` (where a device takes its gradient), ``schedule`` (SparDL's rounds),
+``states`` (the state types and their declared layouts). The tools (``spardl_jax.tools``:
+HLO traffic, ``spardl-bench``) are imported where used, never by ``import spardl_jax``.
 """
 
-from spardl_jax import adam, checkpoint, collectives, options, points, states
-from spardl_jax.core import cost, schedule
-from spardl_jax.parallel import distributed, launch
-from spardl_jax.parallel.dispatch import bounded_dispatch
-from spardl_jax.sync import methods
-from spardl_jax.sync.density import density_rule
-from spardl_jax.sync.levels import density_warmup
-from spardl_jax.sync.lookahead import lookahead
-from spardl_jax.sync.adam import synced_adamw
-from spardl_jax.sync.demo import demo
-from spardl_jax.sync.data_parallel import (data_parallel_step, init_opt_state,
-                                           opt_state_shardings, opt_state_specs,
-                                           sync_state_filter)
-from spardl_jax.sync.outer import diloco, sparseloco
-from spardl_jax.sync.point import gradient_point
-from spardl_jax.sync.specs import use_param_specs
-from spardl_jax.sync.state import sync_stats
-from spardl_jax.sync.transform import powersgd, spardl, sync_gradients
+from spardl_jax import (adam, checkpoint, collectives, cost, distributed, launch, methods, options,
+                        points, schedule, states)
+from spardl_jax._src.parallel.dispatch import bounded_dispatch
+from spardl_jax._src.recipes.demo import demo
+from spardl_jax._src.recipes.outer import diloco, sparseloco
+from spardl_jax._src.recipes.prediction import weight_prediction
+from spardl_jax._src.recipes.synced_adam import synced_adamw
+from spardl_jax._src.sync.data_parallel import (data_parallel_step, init_opt_state,
+                                                opt_state_shardings, opt_state_specs,
+                                                sync_state_filter)
+from spardl_jax._src.sync.density import density_rule
+from spardl_jax._src.sync.levels import density_warmup
+from spardl_jax._src.sync.moves import gradient_point
+from spardl_jax._src.sync.specs import use_param_specs
+from spardl_jax._src.sync.sync_state import sync_stats
+from spardl_jax._src.sync.transform import powersgd, spardl, sync_gradients
 
 __all__ = (
     "adam",
@@ -46,18 +47,16 @@ __all__ = (
     "density_rule",
     "density_warmup",
     "diloco",
-    "gradient_point",
     "distributed",
+    "gradient_point",
     "init_opt_state",
     "launch",
-    "lookahead",
     "methods",
     "opt_state_shardings",
     "opt_state_specs",
     "options",
     "points",
     "powersgd",
-    "synced_adamw",
     "schedule",
     "spardl",
     "sparseloco",
@@ -65,5 +64,7 @@ __all__ = (
     "sync_gradients",
     "sync_state_filter",
     "sync_stats",
+    "synced_adamw",
     "use_param_specs",
+    "weight_prediction",
 )

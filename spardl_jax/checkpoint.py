@@ -6,7 +6,7 @@ the resumed run is bit-identical). Onto another number of devices, restore it as
 the rule its state type declares (:func:`fold_rules`), residual mass conserved.
 """
 
-from spardl_jax.sync.placement import fold_rules
-from spardl_jax.sync.refold import RefoldError, as_saved, fold_sum, paths, refold
+from spardl_jax._src.sync.placement import fold_rules
+from spardl_jax._src.sync.refold import RefoldError, as_saved, fold_sum, paths, refold
 
 __all__ = ['RefoldError', 'as_saved', 'fold_rules', 'fold_sum', 'paths', 'refold']

@@ -8,12 +8,12 @@ fold rule, :data:`FOLD_RULES`; a method's per-device state declares its fold rul
 with :func:`folds`); :func:`declare_layout` registers a function where the layout
 depends on what an instance holds."""
 
-from spardl_jax.core.protocol import (FOLD_RULES, FRESH, LIKE_PARAMS, MEAN, PER_DEVICE,
+from spardl_jax._src.core.protocol import (FOLD_RULES, FRESH, LIKE_PARAMS, MEAN, PER_DEVICE,
                                       PER_REPLICA, PLACES, REPLICATED, SAME, SUM, Field,
                                       declare_layout, folds, layout)
-from spardl_jax.sync.adam import ScaleByFrozenAdamState, ScaleBySyncedAdamState
-from spardl_jax.sync.outer import DiLoCoState
-from spardl_jax.sync.state import SyncState, SyncStats
+from spardl_jax._src.recipes.synced_adam import ScaleByFrozenAdamState, ScaleBySyncedAdamState
+from spardl_jax._src.recipes.outer import DiLoCoState
+from spardl_jax._src.sync.sync_state import SyncState, SyncStats
 
 __all__ = ['DiLoCoState', 'ScaleByFrozenAdamState', 'ScaleBySyncedAdamState', 'SyncState',
            'SyncStats', 'layout', 'Field', 'declare_layout', 'folds', 'PLACES', 'PER_DEVICE',

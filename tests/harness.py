@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 import spardl_jax as sj
 from spardl_jax.collectives import sharded_allreduce
 from spardl_jax.tools import traffic as hlo_reader
-from spardl_jax.parallel.rows import shard_rows
+from spardl_jax._src.parallel.rows import shard_rows
 
 AXIS = "data"
 
@@ -63,7 +63,7 @@ def put(p, tree):
 
 def rows(p, n, config, dtype=jnp.float32, residuals=None):
   """The (P, ...) state of P devices, sharded; `residuals` (P, n) replaces the zeros."""
-  state = sj.methods.init_rows(sj.methods.from_config(config), p, n, dtype)
+  state = sj.collectives.init_rows(sj.methods.from_config(config), p, n, dtype)
   if residuals is not None:
     state = state._replace(residual=np.asarray(residuals, np.dtype(dtype)))
   return put(p, state)
@@ -92,14 +92,14 @@ def _lower(fn, method, p, n, dtype):
   """`fn` (a `methods.sharded` program) lowered for (P, n) gradients and the method's state."""
   sharding = NamedSharding(mesh(p), P(AXIS))
   spec = jax.ShapeDtypeStruct((p, n), dtype, sharding=sharding)
-  state = sj.methods.abstract_rows(method, p, n, sharding, dtype)
+  state = sj.collectives.abstract_rows(method, p, n, sharding, dtype)
   return fn.lower(spec, state)
 
 
 @functools.lru_cache(maxsize=None)
 def compiled_method(p, method):
   """jit(shard_map(method.apply)) over (P, n) gradients and (P, ...) state rows."""
-  return sj.methods.sharded(method, mesh(p), AXIS)
+  return sj.collectives.sharded(method, mesh(p), AXIS)
 
 
 def nonfinite_agreement(method):
@@ -112,7 +112,7 @@ def nonfinite_agreement(method):
 
 def method_rows(p, n, method, dtype=jnp.float32):
   """The method's initial state for P devices, sharded over its leading axis."""
-  return put(p, sj.methods.init_rows(method, p, n, dtype))
+  return put(p, sj.collectives.init_rows(method, p, n, dtype))
 
 
 FLOAT32 = np.dtype(np.float32)

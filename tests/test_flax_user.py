@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from spardl_jax.parallel import launch
+from spardl_jax import launch
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 PROGRAMS = sorted(glob.glob(os.path.join(ROOT, "tests", "flax_user", "*.py")))

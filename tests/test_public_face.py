@@ -1,6 +1,7 @@
 """What `import spardl_jax` gives: the library, not its tools (`spardl_jax.tools`, imported
-where used); and the library's own users (the trainer, the models, the lab) need nothing
-past that face."""
+where used), every namespace a door file over the private `spardl_jax._src`; and the
+library's own users (the trainer, the models, the lab, the docs' programs) need nothing past
+that face. (The suite's own unit tests reach into `_src`, as optax's tests do.)"""
 
 import inspect
 import pathlib
@@ -81,10 +82,10 @@ def test_the_trainer_models_and_benchmarks_use_only_the_public_face():
 
 
 def test_the_face_check_sees_each_way_past():
-  source = ("import spardl_jax as sj\nimport spardl_jax.core.topk\n"
-            "from spardl_jax.sync import methods\nfrom spardl_jax import stages\n"
+  source = ("import spardl_jax as sj\nimport spardl_jax._src.core.topk\n"
+            "from spardl_jax._src.sync import registry as methods\nfrom spardl_jax import stages\n"
             "from spardl_jax.tools import traffic\nimport spardl_jax.tools.bench\n"
-            "sj.core\nsj.methods.protocol\nsj.methods.make\nsj.spardl\n"
+            "sj._src\nsj.methods.protocol\nsj.methods.make\nsj.spardl\n"
             "from spardl_jax.states import layout, protocol\n")
   assert sorted((f.split(":")[0] for f in _past_the_face(source)),
                 key=lambda line: int(line.split()[1])) == [
@@ -108,3 +109,32 @@ def test_every_doc_program_and_flax_user_program_uses_only_the_public_face():
   past = {where: found for where, source in sources.items()
           if (found := _past_the_face(source))}
   assert not past, past
+
+
+LIBRARY = ROOT / "spardl_jax"
+
+
+def test_every_namespace_is_a_door_file_that_only_hands_names_on():
+  """Each module ``sj`` exports is a file ``spardl_jax/NAME.py`` whose ``__all__`` names only
+  what it imports from ``spardl_jax._src`` (no code of its own), and the files beside
+  ``__init__.py`` are those doors and nothing else (the implementation is under ``_src``,
+  the tools under ``tools``)."""
+  import ast
+  spaces = [name for name in sj.__all__ if inspect.ismodule(getattr(sj, name))]
+  assert len(spaces) >= 10
+  doors = sorted(p.stem for p in LIBRARY.glob("*.py") if p.name != "__init__.py")
+  assert doors == sorted(spaces)
+  assert sorted(p.name for p in LIBRARY.iterdir() if p.is_dir()
+                and p.name != "__pycache__") == ["_src", "tools"]
+  for name in spaces:
+    module = getattr(sj, name)
+    assert pathlib.Path(module.__file__) == LIBRARY / f"{name}.py", name
+    tree = ast.parse((LIBRARY / f"{name}.py").read_text())
+    defined = [node.name for node in tree.body
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
+    assert defined == [], (name, defined)
+    imported = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                and node.module and node.module.startswith("spardl_jax._src.")
+                for a in node.names}
+    assert set(module.__all__) <= imported, (name, set(module.__all__) - imported)
+    assert all(getattr(module, n, None) is not None for n in module.__all__), name

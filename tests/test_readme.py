@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from spardl_jax.parallel import launch
+from spardl_jax import launch
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

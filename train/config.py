@@ -9,7 +9,6 @@ import typing
 from typing import Any, Literal, NamedTuple
 
 from models.registry import Size
-from spardl_jax import methods
 import spardl_jax as sj
 
 
@@ -127,9 +126,9 @@ class Variant:
   tuning: Tuning = Tuning()
 
   @property
-  def spec(self) -> methods.MethodSpec:
-    """The method and its options, as :func:`spardl_jax.methods.parse` reads a spec."""
-    return methods.MethodSpec(self.method, self.options)
+  def spec(self) -> sj.options.MethodSpec:
+    """The method and its options, as :func:`spardl_jax.options.parse` reads a spec."""
+    return sj.options.MethodSpec(self.method, self.options)
 
 
 Optimizer = Literal["sgd", "adamw"]
@@ -193,13 +192,13 @@ def parse_variant(text: str, *, recipe: Mapping[str, Mapping[str, Any]] | None =
   """``method[:key=value...]`` -> :class:`Variant`.
 
   Keys of :data:`TUNING` are the variant's tuning; the others are the method's options (see
-  :func:`spardl_jax.methods.parse`). Options not in ``text`` come from ``flags`` (the
+  :func:`spardl_jax.options.parse`). Options not in ``text`` come from ``flags`` (the
   trainer's ``--density``, ``--teams``, ``--sag``, ``--residuals``; None: not given), then
   from ``recipe`` (method -> options, :data:`RECIPE_OPTIONS`) unless the spec runs its own
   outer loop, then from :data:`OPTION_DEFAULTS`; tuning not in ``text`` from the recipe
   (``TrainConfig.recipe``) for sparse methods, when the run starts.
   """
-  method, pairs = methods.split_spec(text)
+  method, pairs = sj.options.split_spec(text)
   tuning, rest = {}, [method]
   for pair in pairs:
     key, sep, value = pair.partition("=")
@@ -216,7 +215,7 @@ def parse_variant(text: str, *, recipe: Mapping[str, Mapping[str, Any]] | None =
       rest.append(pair)
   by_recipe = {} if recipe is None or "outer" in tuning else recipe.get(method, {})
   given = {key: value for key, value in flags.items() if value is not None}
-  method, options = methods.parse(":".join(rest), **{**OPTION_DEFAULTS, **by_recipe, **given})
+  method, options = sj.options.parse(":".join(rest), **{**OPTION_DEFAULTS, **by_recipe, **given})
   return Variant(text, method, options, Tuning(**tuning))
 
 

@@ -33,10 +33,10 @@ def _density(text: str):
   """``--density``: a number in (0, 1] or ``auto`` (the same words a spec's density=
   takes)."""
   try:
-    value = sj.methods.parse_density(text)
+    value = sj.options.parse_density(text)
   except ValueError:
     raise argparse.ArgumentTypeError(f"{text!r} is not a number in (0, 1] or 'auto'") from None
-  if value != sj.methods.AUTO and not 0 < value <= 1:
+  if value != sj.options.AUTO and not 0 < value <= 1:
     raise argparse.ArgumentTypeError(f"must be in (0, 1] or 'auto', got {text}")
   return value
 
@@ -72,7 +72,7 @@ def _parse_args(argv):
                  help="the sparse methods' density, in (0, 1], or 'auto' (picked from the "
                       "devices, sj.density_rule) (default: the recipe's, 0.07 for SparDL "
                       f"with AdamW; else {OPTION_DEFAULTS['density']})")
-  p.add_argument("--teams", type=sj.methods.parse_teams, default=None,
+  p.add_argument("--teams", type=sj.options.parse_teams, default=None,
                  help="SparDL teams d, or 'auto' for the alpha-beta model's pick (default 1)")
   p.add_argument("--sag", default=None, choices=sj.options.SAG_MODES,
                  help="Spar-All-Gather for teams > 1 (default: R-SAG when d is a power of two)")
@@ -148,7 +148,7 @@ def _parse_args(argv):
                  help="on an error, print the full traceback instead of one line")
   p.add_argument("--distributed", action="store_true",
                  help="join a multi-host job detected by jax.distributed.initialize() "
-                      "(SLURM, Open MPI, ...); python -m spardl_jax.parallel.launch needs no flag")
+                      "(SLURM, Open MPI, ...); python -m spardl_jax.launch needs no flag")
   return p.parse_args(argv)
 
 
@@ -207,7 +207,7 @@ def run(args) -> int:
   from spardl_jax import distributed
   from train.train import simulate_devices
 
-  # A multi-process job (python -m spardl_jax.parallel.launch, or --distributed on a cluster) sets
+  # A multi-process job (python -m spardl_jax.launch, or --distributed on a cluster) sets
   # its local devices itself; --devices then counts the devices of all processes.
   if not distributed.initialize(auto=args.distributed):
     simulate_devices(args.devices or (math.prod(n for _, n in args.mesh) if args.mesh

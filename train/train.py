@@ -159,7 +159,7 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   * ``delay=1``: each step syncs the gradient of the step before, so the transfer may run
     during the next step's compute (``sync_gradients``' ``delay``); with ``lookahead=F`` the
     step takes its gradient ahead, by the fraction F of each device's estimate of the sync
-    in flight (:func:`spardl_jax.lookahead`'s ``scale``);
+    in flight (:func:`spardl_jax.weight_prediction`'s ``scale``);
   * ``balance=leaves``: each leaf scaled to the vector's size before the method selects,
     so that a global top-k does not starve the leaves of small gradients
     (``sync_gradients``' ``balance``);
@@ -244,7 +244,7 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
                       nesterov=bool(tuning.outer_momentum))
     return sj.diloco(clipped(opt), sync, every=tuning.outer, outer=outer)
   if tuning.lookahead:
-    return sj.lookahead(sync, clipped(opt), scale=tuning.lookahead)
+    return sj.weight_prediction(sync, clipped(opt), scale=tuning.lookahead)
   return clipped(sync, opt)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from spardl_jax.sync import methods
+from spardl_jax._src.sync import registry as methods
 
 __all__ = ['provenance']
 

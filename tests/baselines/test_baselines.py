@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import spardl_jax as sj
-from spardl_jax.baselines import common, gtopk, oktopk, topkdsa
+from spardl_jax._src.baselines import common, gtopk, oktopk, topkdsa
 from tests import formulas, harness, reference_baselines
 
 MODELS = {"topka": reference_baselines.topka, "topkdsa": reference_baselines.topkdsa,

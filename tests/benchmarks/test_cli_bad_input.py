@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from spardl_jax.parallel import launch
+from spardl_jax import launch
 from spardl_jax.tools import bench
 from benchmarks import convergence, runs, time_to_accuracy
 

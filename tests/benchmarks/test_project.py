@@ -4,7 +4,7 @@ table (Table 1: SparDL's 2 log2 P rounds and 4 kb (P - 1) words; the ring all-re
 
 import pytest
 
-from spardl_jax.sync import methods
+from spardl_jax._src.sync import registry as methods
 from benchmarks import netbench, project
 
 N, P = 14_700_000, 8

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spardl_jax.collectives import BlockLayout, SparDLConfig
-from spardl_jax.core import allreduce, cost, h_controller, schedule
-from spardl_jax.core.sparse import INVALID, sorted_sum
+from spardl_jax.collectives import Blocks, SparDLConfig
+from spardl_jax._src.core import allreduce, cost, h_controller, schedule
+from spardl_jax._src.core.sparse import INVALID, sorted_sum
 from tests import formulas, harness, reference
 
 DENSITY = 0.05
@@ -94,7 +94,7 @@ def test_every_worker_its_own_team(p, sag):
 def test_bruck_sag_can_be_forced_for_a_power_of_two():
   xs, rs, ys, state = next(run_steps(8, 4, "bruck", 501, 1))
   h = int(np.asarray(state.controller.last_h)[0])
-  assert h == math.ceil(BlockLayout.make(501, 2, DENSITY).kb / 4)
+  assert h == math.ceil(Blocks.make(501, 2, DENSITY).kb / 4)
   want_y, _ = reference.spardl(xs, rs, DENSITY, teams=4, sag="bruck", h=h)
   np.testing.assert_allclose(ys[0], want_y, rtol=1e-6, atol=1e-7)
 
@@ -105,7 +105,7 @@ def test_h_adapts_without_recompiling_and_the_count_settles_near_kb():
   count after the cross-team gather stays within 15 % of kb."""
   p, d, n = 6, 3, 6000
   config = SparDLConfig(wire="exact", density=DENSITY, teams=d, sag="bruck")
-  kb = BlockLayout.make(n, p // d, DENSITY).kb
+  kb = Blocks.make(n, p // d, DENSITY).kb
   rng = np.random.default_rng(0)
   phase = rng.uniform(0, 2 * np.pi, n)
   amp = rng.exponential(size=n) ** 2

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spardl_jax.core import schedule
+from spardl_jax._src.core import schedule
 
 
 @pytest.mark.parametrize("q", range(1, 34))

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spardl_jax.core import topk
+from spardl_jax._src.core import topk
 from tests import reference
 
 
@@ -144,7 +144,7 @@ def test_the_compiled_sync_sorts_nothing(monkeypatch, method, teams):
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from spardl_jax.sync import methods
+  from spardl_jax._src.sync import registry as methods
   from tests import harness
 
   monkeypatch.setattr(topk, "default_method", lambda: method)

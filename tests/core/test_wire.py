@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from spardl_jax.collectives import SparDLConfig
-from spardl_jax.core import cost, schedule
+from spardl_jax._src.core import cost, schedule
 from tests import formulas, harness, reference
 
 # (P, teams, sag, n, density): every P of the issue (1, 2, 3, 5, 8, 12), teams 1, 2 (R-SAG) and

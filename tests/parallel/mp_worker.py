@@ -1,4 +1,4 @@
-"""A rank of the multi-process tests, started by ``python -m spardl_jax.parallel.launch``.
+"""A rank of the multi-process tests, started by ``python -m spardl_jax.launch``.
 
 ``python tests/parallel/mp_worker.py MODE OUT``:
 
@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import spardl_jax as sj  # noqa: E402
-from spardl_jax.parallel.rows import shard_rows  # noqa: E402
+from spardl_jax._src.parallel.rows import shard_rows  # noqa: E402
 
 P_ALL = jax.device_count()
 N = 3001
@@ -74,8 +74,8 @@ def run(mode, rank, mesh):
     xs = inputs(P_ALL, N)
     for name, options in CASES.items():
       method = sj.methods.make(name.split("_")[0], **options)
-      state = shard_rows(sj.methods.init_rows(method, P_ALL, N), mesh)
-      ys, state = sj.methods.sharded(method, mesh)(shard_rows(xs, mesh), state)
+      state = shard_rows(sj.collectives.init_rows(method, P_ALL, N), mesh)
+      ys, state = sj.collectives.sharded(method, mesh)(shard_rows(xs, mesh), state)
       for row, value in local_rows(ys).items():
         saved[f"{name}_y_{row}"] = value
       for row, value in local_rows(state.residual).items():

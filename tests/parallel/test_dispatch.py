@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
-from spardl_jax.parallel import launch
+from spardl_jax._src.parallel import dispatch, launch
 from tests import harness
 
 LOOP = os.path.join(os.path.dirname(__file__), "dispatch_loop.py")
@@ -66,8 +66,8 @@ def test_a_step_that_returns_nothing_is_guarded_by_what_it_updates():
 
 def test_one_device_waits_for_nothing():
   f, x = psum_step(1)
-  assert not sj.parallel.dispatch._several_cpu_devices(f(x))
-  assert sj.parallel.dispatch._several_cpu_devices(psum_step(2)[0](psum_step(2)[1]))
+  assert not dispatch._several_cpu_devices(f(x))
+  assert dispatch._several_cpu_devices(psum_step(2)[0](psum_step(2)[1]))
 
 
 def test_bad_depth_is_named():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import spardl_jax as sj
-from spardl_jax.parallel import launch
+from spardl_jax import launch
 from tests import harness
 from tests.parallel import mp_worker
 
@@ -175,7 +175,7 @@ def test_a_terminated_launcher_stops_its_ranks(tmp_path):
   pids = tmp_path / "pids"
   rank = (f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
           "time.sleep(120)")
-  job = subprocess.Popen([sys.executable, "-m", "spardl_jax.parallel.launch", "--processes",
+  job = subprocess.Popen([sys.executable, "-m", "spardl_jax.launch", "--processes",
                           "2", "--", sys.executable, "-c", rank], stdout=subprocess.PIPE,
                          text=True)
   deadline = time.monotonic() + 30

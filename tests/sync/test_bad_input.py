@@ -89,7 +89,7 @@ ROWS = [
      lambda: sharded_allreduce(CFG, harness.mesh(2), "model"),
      r"axis_name='model' is not an axis of the mesh; its axes are \('data',\)"),
     ("sharded nonfinite",
-     lambda: sj.methods.sharded(sj.methods.make("dense"), harness.mesh(2), nonfinite="nan"),
+     lambda: sj.collectives.sharded(sj.methods.make("dense"), harness.mesh(2), nonfinite="nan"),
      r"sharded: nonfinite must be one of"),
     ("sync_gradients nonfinite", lambda: sj.sync_gradients("dense", nonfinite="ignore"),
      r"sync_gradients: nonfinite must be one of"),
@@ -142,7 +142,7 @@ ROWS = [
     ("an option no method or sync has", lambda: sj.spardl(foo=1),
      r"method 'spardl' has no option foo; its options are \['alpha', 'beta', 'density'"),
     ("a method spec key given twice",
-     lambda: sj.methods.parse("spardl:density=0.1:density=0.2", density=0.01),
+     lambda: sj.options.parse("spardl:density=0.1:density=0.2", density=0.01),
      "density given more than once"),
 ]
 

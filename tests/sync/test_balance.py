@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
-from spardl_jax.sync.flat_layout import FlatLayout
+from spardl_jax._src.sync.flat_layout import FlatLayout
 from spardl_jax.tools import traffic
 from tests import formulas, harness, reference
 from tests.sync.test_lookahead import run
@@ -125,7 +125,7 @@ def test_a_look_ahead_ranks_its_estimate_as_the_balanced_sync_will():
   params = {"a": jnp.zeros(6), "b": jnp.zeros(6)}
   rng = np.random.default_rng(4)
   data = (rng.standard_normal((p, 12)) * np.repeat([1.0, 2.0 ** -6], 6)).astype(np.float32)
-  tx = sj.lookahead(sj.spardl(density=0.25, delay=1, balance="leaves", wire="exact"),
+  tx = sj.weight_prediction(sj.spardl(density=0.25, delay=1, balance="leaves", wire="exact"),
                     optax.sgd(1.0), scale=1.0)
 
   def linear(params, batch):

@@ -107,7 +107,7 @@ def test_density_auto_with_teams_and_the_makers():
     want, rs = reference.spardl(g, rs, by_hand(8), teams=2, sag="recursive", wire="compact")
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_rs, rs, rtol=1e-5, atol=1e-5)
-  assert sj.methods.parse("spardl:density=auto") == ("spardl", {"density": "auto"})
+  assert sj.options.parse("spardl:density=auto") == ("spardl", {"density": "auto"})
   for p in (8, 64, 2 ** 12, 2 ** 20):
     assert sj.methods.make("spardl", p=p, density="auto").config.density == pytest.approx(
         by_hand(p))

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 import spardl_jax as sj
-from spardl_jax.sync import stages
+from spardl_jax._src.sync import stages
 from tests import harness
 from tests.sync import test_adam, test_convergence_options as options_test, test_outer
 

@@ -24,7 +24,7 @@ def run(tx, p, params, data, loss, steps):
   specs = sj.opt_state_specs(tx, params, mesh)
 
   def step(params, state, batch):
-    point = sj.points.lookahead_params(tx, state, params)
+    point = sj.points.predicted_params(tx, state, params)
     grads = jax.grad(loss)(jax.lax.pcast(point, AXIS, to="varying"), batch[0])
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates), state, jax.tree.map(lambda a: a[None], point)
@@ -78,7 +78,7 @@ def test_delayed_and_looked_ahead_is_the_undelayed_run_one_step_later():
   data = problem(np.random.default_rng(0), p, n, same=True)
   want = heavy_ball(data[0], steps)
   sync = sj.sync_gradients("dense", delay=1)
-  tx = sj.lookahead(sync, optax.sgd(LR, momentum=M))
+  tx = sj.weight_prediction(sync, optax.sgd(LR, momentum=M))
   got = [after["w"] for _, _, after in run(tx, p, {"w": jnp.zeros(n)}, data, quadratic, steps)]
   np.testing.assert_allclose(got[0], 0)
   for t in range(1, steps):
@@ -93,11 +93,11 @@ def test_delayed_and_looked_ahead_is_the_undelayed_run_one_step_later():
 def test_data_parallel_step_and_gradient_point_look_ahead_too():
   """The same run through ``sj.data_parallel_step`` (which asks ``sj.gradient_point``, as the
   trainer does): NumPy's undelayed heavy ball one step later; and ``gradient_point`` of a
-  look-ahead chain is ``lookahead_params``'s point, of a plain chain ``params`` itself."""
+  look-ahead chain is ``predicted_params``'s point, of a plain chain ``params`` itself."""
   p, n, steps = 4, 6, 30
   data = problem(np.random.default_rng(0), p, n, same=True)
   want = heavy_ball(data[0], steps)
-  tx = sj.lookahead(sj.sync_gradients("dense", delay=1), optax.sgd(LR, momentum=M))
+  tx = sj.weight_prediction(sj.sync_gradients("dense", delay=1), optax.sgd(LR, momentum=M))
   mesh = harness.mesh(p)
   step = sj.data_parallel_step(lambda params, batch: quadratic(params, batch[0]), tx, mesh)
   params = {"w": jnp.zeros(n)}
@@ -130,7 +130,7 @@ def test_each_device_looks_ahead_on_its_own_estimate_and_nothing_is_stored():
   p, n, steps, warmup = 4, 6, 6, 2
   data = problem(np.random.default_rng(1), p, n, same=False)
   sync = dict(density=0.3, delay=1, warmup_steps=warmup)
-  tx = sj.lookahead(sj.spardl(**sync), optax.sgd(LR, momentum=M), scale=0.5)
+  tx = sj.weight_prediction(sj.spardl(**sync), optax.sgd(LR, momentum=M), scale=0.5)
   v, last_grads = np.zeros(n), np.zeros((p, n))
   params = {"w": jnp.zeros(n)}
   plain = optax.chain(sj.spardl(**sync), optax.sgd(LR, momentum=M))
@@ -155,16 +155,16 @@ def test_each_device_looks_ahead_on_its_own_estimate_and_nothing_is_stored():
 def test_lookahead_params_leaves_other_transformations_alone():
   params = {"w": jnp.ones(3)}
   tx = optax.chain(sj.spardl(delay=1), optax.sgd(LR))
-  assert sj.points.lookahead_params(tx, None, params) is params
+  assert sj.points.predicted_params(tx, None, params) is params
 
 
 @pytest.mark.parametrize("build,match", [
-    (lambda: sj.lookahead(sj.spardl(), optax.sgd(LR)), "delay=1"),
-    (lambda: sj.lookahead(optax.sgd(LR), optax.sgd(LR)), "delay=1"),
-    (lambda: sj.lookahead(sj.spardl(delay=1)), "transformations after the sync"),
-    (lambda: sj.lookahead(sj.spardl(delay=1), optax.sgd(LR), scale=1.5),
+    (lambda: sj.weight_prediction(sj.spardl(), optax.sgd(LR)), "delay=1"),
+    (lambda: sj.weight_prediction(optax.sgd(LR), optax.sgd(LR)), "delay=1"),
+    (lambda: sj.weight_prediction(sj.spardl(delay=1)), "transformations after the sync"),
+    (lambda: sj.weight_prediction(sj.spardl(delay=1), optax.sgd(LR), scale=1.5),
      r"scale must be in \[0, 1\], got 1.5"),
-    (lambda: sj.lookahead(sj.spardl(delay=1, axis_name="host", local_axis="local"),
+    (lambda: sj.weight_prediction(sj.spardl(delay=1, axis_name="host", local_axis="local"),
                           optax.sgd(LR)), "local_axis"),
 ])
 def test_bad_input(build, match):

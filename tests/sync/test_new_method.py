@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import spardl_jax as sj
-from spardl_jax.core import protocol
+from spardl_jax._src.core import protocol
 from spardl_jax.tools import bench
 from tests import harness
 
@@ -59,7 +59,7 @@ def registered():
 def test_usable_by_name_everywhere(registered, tmp_path):
   assert ScaledMean.name in sj.methods.names()
   # A spec, as the trainer's --compare and the benchmark parse it.
-  assert sj.methods.parse("example_scaled_mean:scale=0.25", density=0.01) == (
+  assert sj.options.parse("example_scaled_mean:scale=0.25", density=0.01) == (
       "example_scaled_mean", {"scale": 0.25})
   from train.config import parse_variant
   variant = parse_variant("example_scaled_mean:scale=0.25:lr=0.1", density=0.01, teams=1,
@@ -102,9 +102,9 @@ def test_a_specs_text_is_read_by_each_options_annotation():
            (int | None, "none", None), (int | None, "4", 4),
            (int | Literal["auto"], "auto", "auto"), (int | Literal["auto"], "2", 2)]
   for hint, text, want in cases:
-    got = sj.methods.option_parser(hint)(text)
+    got = sj.options.option_parser(hint)(text)
     assert got == want and type(got) is type(want), (hint, text, got)
-  parse = sj.methods.option_parser(int | Literal["auto"])
+  parse = sj.options.option_parser(int | Literal["auto"])
   with pytest.raises(ValueError):
     parse("many")
   assert parse.__name__ == "int or 'auto'"

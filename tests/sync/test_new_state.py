@@ -13,8 +13,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
-from spardl_jax.core import protocol
-from spardl_jax.core.protocol import LIKE_PARAMS, PER_DEVICE, REPLICATED, SUM, Field
+from spardl_jax._src.core import protocol
+from spardl_jax._src.core.protocol import LIKE_PARAMS, PER_DEVICE, REPLICATED, SUM, Field
 
 
 @protocol.layout(steps=Field(REPLICATED), local_sq=Field(PER_DEVICE, SUM))

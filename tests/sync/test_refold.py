@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import spardl_jax as sj
-from spardl_jax.baselines.common import ResidualState
+from spardl_jax._src.baselines.common import ResidualState
 from tests import harness
 
 AXIS = harness.AXIS

@@ -313,7 +313,7 @@ def look_ahead_training(mesh, specs):
   values = {k: 0.3 * rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
   data = [(rng.standard_normal((16, 16)).astype(np.float32),
            rng.standard_normal((16, 4)).astype(np.float32)) for _ in range(LOOK_AHEAD_STEPS)]
-  tx = sj.lookahead(sj.spardl(density=1.0, wire="exact", delay=1), optax.sgd(0.1, 0.9))
+  tx = sj.weight_prediction(sj.spardl(density=1.0, wire="exact", delay=1), optax.sgd(0.1, 0.9))
   with jax.set_mesh(mesh):
     params = put_params(mesh, specs, values)
     state = sj.init_opt_state(tx, params, mesh, param_specs=specs)

@@ -9,9 +9,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
-from spardl_jax.collectives import BlockLayout
+from spardl_jax.collectives import Blocks
 from spardl_jax.tools import traffic
-from spardl_jax.core import schedule
+from spardl_jax._src.core import schedule
 from tests import harness, reference
 
 AXIS = harness.AXIS
@@ -82,7 +82,7 @@ def test_stats_bytes_equal_the_compiled_traffic():
   _, state = f(harness.put_rows(p, grads), state)
   hlo = traffic.parse_hlo(f.lower(harness.put_rows(p, grads), state).compile().as_text())
   np.testing.assert_array_equal(state.stats.bytes_sent, hlo.bytes_sent(0))
-  kb = BlockLayout.make(n, p, 0.01).kb
+  kb = Blocks.make(n, p, 0.01).kb
   assert 0 < int(np.asarray(state.stats.selected)[0]) <= p * kb
   assert np.all(np.asarray(state.stats.residual_norm) > 0)
 
@@ -208,7 +208,7 @@ def test_a_nonfinite_step_is_skipped_on_every_device(name, p, options):
   # Every method's reported bytes are what its compiled program sends, device by device.
   hlo = traffic.parse_hlo(f.as_text())
   if options.get("teams") == 3:  # B-SAG: the branch of the h this step used
-    kb = BlockLayout.make(67, p // 3, options["density"]).kb
+    kb = Blocks.make(67, p // 3, options["density"]).kb
     hlo = hlo.branch(schedule.h_ladder(kb, 3).index(int(np.asarray(state.stats.h)[0])))
   if name != "dense":  # one XLA all-reduce: no permutes to count
     np.testing.assert_array_equal(np.asarray(state.stats.bytes_sent),

@@ -17,8 +17,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spardl_jax.baselines.common import ResidualState
-from spardl_jax.parallel import launch
+from spardl_jax._src.baselines.common import ResidualState
+from spardl_jax import launch
 from train import checkpoint
 from train.train import make_mesh
 
@@ -311,7 +311,7 @@ def test_a_failure_while_rebuilding_leaves_the_checkpoint_in_place(tmp_path, mon
   def broken(*args, **kwargs):
     raise RuntimeError("a bug in the fold")
 
-  from spardl_jax.sync import refold
+  from spardl_jax._src.sync import refold
 
   monkeypatch.setattr(refold, "_fold", broken)
   with pytest.raises(RuntimeError, match="a bug in the fold"):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from spardl_jax.parallel.rows import process_rows
+from spardl_jax._src.parallel.rows import process_rows
 from tests import data_files
 from train import data, input_pipeline
 from train.data import corpora, text, tfds_data

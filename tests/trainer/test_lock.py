@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from spardl_jax.parallel import launch
+from spardl_jax import launch
 from train import lock
 from train.main import main
 

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from models import create
 import spardl_jax as sj
-from spardl_jax.parallel.rows import shard_rows
+from spardl_jax._src.parallel.rows import shard_rows
 from spardl_jax.tools import traffic
 from tests import harness
 from train import data, input_pipeline, main
@@ -395,7 +395,7 @@ def test_a_failing_variant_keeps_the_results_before_it(tmp_path, monkeypatch):
 def test_sync_tuning_keys_reach_the_sync(optimizer, monkeypatch):
   """`spardl:balance=leaves:dense_leaves=vectors:delay=1` builds its sync (plain, or inside
   the AdamW recipe) with those options."""
-  from spardl_jax.sync.sync_options import SyncOptions
+  from spardl_jax._src.sync.settings import SyncOptions
   from train.config import parse_variant
   built = []
 

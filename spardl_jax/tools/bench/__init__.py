@@ -31,7 +31,7 @@ assumption.
 
 ``--selection`` times the selection alone instead, on one device of whatever backend runs
 it: SparDL's exact block selection (two stages, with each method of
-:mod:`spardl_jax.core.topk`) of the top ``k = ceil(density * n)`` of one ``(n,)`` vector,
+:mod:`spardl_jax._src.core.topk`) of the top ``k = ceil(density * n)`` of one ``(n,)`` vector,
 against ``lax.top_k`` (exact, sorted) and ``lax.approx_max_k`` (approximate, recall target
 0.95), plus one dense elementwise pass over the vector (the memory floor), each the median
 of ``--repeats`` after a warm-up; ours is checked to return exactly ``lax.top_k``'s index
@@ -67,7 +67,7 @@ import sys
 
 import jax
 
-from spardl_jax.core.config import ETHERNET_10G, SAG_MODES, WIRE_FORMATS
+from spardl_jax._src.core.config import ETHERNET_10G, SAG_MODES, WIRE_FORMATS
 from spardl_jax.tools.bench.common import PAPER_SIZES, flat_methods
 from spardl_jax.tools.bench.emulated import format_emulated, run_emulated
 from spardl_jax.tools.bench.pieces import format_pieces, run_pieces

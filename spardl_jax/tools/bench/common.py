@@ -8,8 +8,8 @@ import time
 
 import jax
 
-from spardl_jax.core import cost, protocol
-from spardl_jax.sync import methods
+from spardl_jax._src.core import cost, protocol
+from spardl_jax._src.sync import registry as methods
 
 __all__ = ['flat_methods', 'PAPER_SIZES', 'variants', 'median_seconds']
 

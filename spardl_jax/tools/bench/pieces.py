@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax.baselines import common, topkdsa
-from spardl_jax.core import sparse
+from spardl_jax._src.baselines import common, topkdsa
+from spardl_jax._src.core import sparse
 
 __all__ = ['WHAT', 'run_pieces', 'format_pieces']
 

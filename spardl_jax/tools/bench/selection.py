@@ -1,5 +1,5 @@
 """``--selection``: the top-k selection alone on one device, SparDL's exact block selection
-with each method of :mod:`spardl_jax.core.topk` against ``lax.top_k``, ``lax.approx_max_k``
+with each method of :mod:`spardl_jax._src.core.topk` against ``lax.top_k``, ``lax.approx_max_k``
 and one dense pass over the vector (the memory floor)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spardl_jax.core import topk
+from spardl_jax._src.core import topk
 
 __all__ = ['run_selection', 'format_selection']
 

@@ -11,8 +11,8 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spardl_jax.core import cost
-from spardl_jax.sync import methods
+from spardl_jax._src.core import cost
+from spardl_jax._src.sync import registry as methods
 from spardl_jax.tools import traffic
 from spardl_jax.tools.bench.common import median_seconds, variants
 
