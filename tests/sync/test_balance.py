@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import spardl_jax as sj
-from spardl_jax._src.sync.flat_layout import FlatLayout
+from spardl_jax._src.sync.packing import Packing
 from spardl_jax.tools import traffic
 from tests import formulas, harness, reference
 from tests.sync.test_lookahead import run
@@ -149,7 +149,7 @@ def test_a_look_ahead_ranks_its_estimate_as_the_balanced_sync_will():
 
 @pytest.mark.parametrize("mesh_shape, local", [((2, 2, 2), None), ((2, 4), "local")])
 def test_every_entry_is_scaled_by_its_own_leaf_on_any_mesh(mesh_shape, local):
-  """`FlatLayout.leaf_ids` against the flat vector of leaves filled with their index + 1
+  """`Packing.leaf_ids` against the flat vector of leaves filled with their index + 1
   (padding 0), on a mesh where leaves are sharded, replicated and sliced over a model axis,
   and on a (host, local) mesh where each device syncs a slice of the host's vector."""
   names = ("data", "model", "x")[:len(mesh_shape)] if local is None else ("data", local)
@@ -163,7 +163,7 @@ def test_every_entry_is_scaled_by_its_own_leaf_on_any_mesh(mesh_shape, local):
                   for i, d in enumerate(shape)) for shape, spec in zip(shapes, specs)]
 
   def body():
-    layout = FlatLayout.build(local_shapes(), specs, others, local)
+    layout = Packing.build(local_shapes(), specs, others, local)
     sizes = [int(np.prod(s)) for s in local_shapes()]
     ids = layout.leaf_ids(sizes)
     filled = layout.flatten([jnp.full(s, i + 1.0) for i, s in enumerate(local_shapes())],

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 import spardl_jax as sj
-from spardl_jax._src.sync import stages
+from spardl_jax._src.sync import delay
 from tests import harness
 from tests.sync import test_adam, test_convergence_options as options_test, test_outer
 
@@ -251,7 +251,7 @@ def test_no_collective_of_a_delayed_train_step_waits_for_its_batch(monkeypatch):
   the sync built as there, compiled here for its HLO), no collective of the delayed sync can
   depend on the batch, only the scalar all-reduce of the loss the step reports; without the
   delay, the sync's collective-permutes do."""
-  monkeypatch.setattr(stages, "UNORDERED_COLLECTIVES", ())
+  monkeypatch.setattr(delay, "UNORDERED_COLLECTIVES", ())
   total, waiting = _waiting_collectives(1)
   assert total > 1 and waiting == ["all-reduce f32[]"], (total, waiting)
   # The check sees a dependence where there is one.
@@ -262,5 +262,5 @@ def test_on_the_cpu_a_delayed_sync_waits_for_the_gradient():
   """XLA:CPU may start a step's independent collectives in another order on each device (a
   hang, seen): there the delayed sync's permutes wait for the batch's gradient, as the
   undelayed sync's do, and every collective keeps the undelayed order."""
-  assert jax.default_backend() == "cpu" and stages.waits_for_gradient()
+  assert jax.default_backend() == "cpu" and delay.waits_for_gradient()
   assert sorted(_waiting_collectives(1)[1]) == sorted(_waiting_collectives(0)[1])

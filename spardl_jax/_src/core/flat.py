@@ -10,6 +10,7 @@ step went there). The flat gradient of ``sync_gradients`` and PowerSGD's flat re
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +30,9 @@ def concat(parts: Sequence[jax.Array], dtype=None) -> jax.Array:
   return flat
 
 
-def split(flat: jax.Array, like: Sequence[jax.Array]) -> list[jax.Array]:
-  """:func:`concat`'s inverse: ``flat`` cut into arrays of ``like``'s shapes and dtypes."""
+def split(flat: jax.Array, like: Sequence[Any]) -> list[jax.Array]:
+  """:func:`concat`'s inverse: ``flat`` cut into arrays of ``like``'s shapes and dtypes (arrays,
+  or anything with a ``shape``, ``size`` and ``dtype``)."""
   out, start = [], 0
   for x in like:
     out.append(flat[start:start + x.size].reshape(x.shape).astype(x.dtype))

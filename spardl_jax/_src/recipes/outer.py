@@ -183,10 +183,7 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
       return update, jax.tree.map(jnp.zeros_like, offset), sync_state, outer_state
 
     def inner_step(offset, sync_state, outer_state):
-      # The stats say what this step sent: nothing.
-      stats = sync_state.stats._replace(bytes_sent=jnp.zeros_like(sync_state.stats.bytes_sent))
-      return (jax.tree.map(jnp.zeros_like, params), offset, sync_state._replace(stats=stats),
-              outer_state)
+      return jax.tree.map(jnp.zeros_like, params), offset, sync_state.idle(), outer_state
 
     last = (state.count + 1) % every == 0
     update, offset, sync_state, outer_state = jax.lax.cond(

@@ -221,7 +221,7 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
   ``second_moment="refreshed"`` is 0/1 Adam's schedule: ``v`` frozen after the warm-up
   except at updates ``2 W, 4 W, 8 W, ...`` (``W = freeze_step``: each interval twice the
   last), where the step's mean gradient, averaged densely in full precision (one extra
-  ``pmean`` of the gradient over the sync's data axes, its bytes added to the sync's
+  ``pmean`` of the gradient over the sync's data axes, its bytes counted in the sync's
   ``stats.bytes_sent``), trains every coordinate once: ``v <- b2 v + (1 - b2) g_mean^2``,
   one step more in the bias correction. The update itself still comes from the sync.
 
@@ -290,15 +290,17 @@ def scale_by_synced_adam(sync: optax.GradientTransformation, *, freeze_step: int
                       f"init, got {type(state).__name__}.")
     count = state.count + 1
     warm = count <= freeze_step
+    fresh = (~warm & _refresh_due(count, freeze_step)) if axes else jnp.zeros((), bool)
+    # A refresh's dense pmean is sent for the sync: the sync counts its bytes with its own.
+    extra = jnp.where(fresh, _refresh_bytes(updates, axes), 0.0) if axes else 0
     synced, sync_state, mean, new_mu = _through_sync(
-        lambda x, **held: sync.update(x, state.sync, params, **extra_args, **held),
+        lambda x, **held: sync.update(x, state.sync, params, extra_bytes=extra, **extra_args,
+                                      **held),
         updates, state, _Step(path, rates, warm))
     # Every device holds the same count of skipped syncs: all decide alike.
     skipped = jnp.any(sync_state.stats.nonfinite != state.sync.stats.nonfinite)
-    fresh = jnp.zeros((), bool)
     if axes:
-      fresh = ~warm & _refresh_due(count, freeze_step)
-      mean, sync_state = _refreshed(fresh, updates, mean, sync_state, axes)
+      mean = _refreshed(fresh, updates, mean, axes)
     sent = jax.tree.map(
         lambda u: ~skipped & (warm | fresh | ((second_moment == "sent") & (u != 0))), synced)
     # In the warm-up and at a refresh each delivery is one step's mean gradient (a skipped
@@ -331,21 +333,20 @@ def _refresh_due(count: jax.Array, freeze_step: int) -> jax.Array:
   return (count % freeze_step == 0) & (ratio >= 2) & ((ratio & (ratio - 1)) == 0)
 
 
-def _refreshed(fresh: jax.Array, grads, mean, sync_state, axes):
+def _refreshed(fresh: jax.Array, grads, mean, axes):
   """At a refresh (``fresh``, the same on every device): the mean of each device's gradient
-  ``grads`` over ``axes``, in full precision, in place of ``mean``, and its ring all-reduce's
-  bytes added to the sync's stats; elsewhere both as they were."""
+  ``grads`` over ``axes``, in full precision, in place of ``mean``; elsewhere ``mean``."""
   def dense():
     return jax.tree.map(
         lambda g, m: jax.lax.pmean(g.astype(jnp.float32), axes).astype(m.dtype), grads, mean)
 
-  mean = jax.lax.cond(fresh, dense, lambda: mean)
+  return jax.lax.cond(fresh, dense, lambda: mean)
+
+
+def _refresh_bytes(grads, axes) -> float:
+  """Bytes one device sends in a refresh's ring all-reduces of ``grads`` in float32."""
   p = math.prod(jax.lax.axis_size(a) for a in axes)
-  sent = sum(dense_bytes(p, g.size, 4) for g in jax.tree.leaves(grads))  # float32
-  stats = sync_state.stats
-  stats = stats._replace(bytes_sent=stats.bytes_sent + jnp.where(fresh, sent, 0).astype(
-      stats.bytes_sent.dtype))
-  return mean, sync_state._replace(stats=stats)
+  return float(sum(dense_bytes(p, g.size, 4) for g in jax.tree.leaves(grads)))
 
 
 def _check_sync(sync, freeze_step: int, sends, second_moment) -> int:

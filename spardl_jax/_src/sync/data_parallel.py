@@ -20,7 +20,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spardl_jax._src.core.protocol import PER_REPLICA
-from spardl_jax._src.sync.flat_layout import synced_leaves
+from spardl_jax._src.sync.packing import synced_leaves
 from spardl_jax._src.sync.placement import ParamLayout, device_spec, holds, state_specs
 from spardl_jax._src.sync.moves import gradient_point
 from spardl_jax._src.sync.specs import (check_axis, check_leaf_specs, leaf_specs, local_shape,

@@ -111,6 +111,12 @@ class SyncState(NamedTuple):
   leaves: LeafShapes
   pending: Pending | None = None
 
+  def idle(self) -> SyncState:
+    """This state after a step that ran no sync (an outer loop's inner step): everything it
+    holds as it was, and its statistics saying nothing was sent."""
+    stats = self.stats
+    return self._replace(stats=stats._replace(bytes_sent=jnp.zeros_like(stats.bytes_sent)))
+
 
 def states_in(tree, cls: type) -> list:
   """The nodes of type ``cls`` (a state NamedTuple) inside ``tree``, in tree order."""

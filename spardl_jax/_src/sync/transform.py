@@ -12,16 +12,32 @@ each device (see :mod:`spardl_jax._src.sync.placement` for the shardings and
 
 from __future__ import annotations
 
-import weakref
-
 import optax
 
 from spardl_jax._src.core.nonfinite import NonFinite
-from spardl_jax._src.sync import entries, levels
+from spardl_jax._src.sync import delay, entries, levels
 from spardl_jax._src.sync.settings import SyncOptions
+from spardl_jax._src.sync.specs import context_specs
+from spardl_jax._src.sync.sync_state import SyncState
 from spardl_jax._src.sync.density import DensityRule
 
-__all__ = ['sync_gradients', 'spardl', 'powersgd', 'built_with', 'dense_warmup']
+__all__ = ['SyncTransformation', 'sync_gradients', 'spardl', 'powersgd', 'built_with',
+           'dense_warmup', 'predicted_delivery']
+
+
+class SyncTransformation(optax.GradientTransformationExtraArgs):
+  """What :func:`sync_gradients` returns: an ``optax.GradientTransformationExtraArgs``
+  (``init``, ``update``) that also carries, as data, the validated options it was built with
+  (``options``), for the transformations that wrap a sync and must know them (Adam around the
+  sync checks its warm-up, the weight prediction its delay). optax's ``lookahead`` carries its
+  facts the same way, in its ``LookaheadParams``."""
+
+  options: SyncOptions
+
+  def __new__(cls, init, update, options: SyncOptions):
+    tx = super().__new__(cls, init, update)
+    tx.options = options
+    return tx
 
 
 def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
@@ -105,7 +121,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
   smaller step**: the largest stable learning rate of momentum SGD on a quadratic falls 38×
   at ``m = 0.9``, 6× at ``m = 0.5`` and 2× without momentum (``docs/design.md``, "Delayed
   sync", which also says where it pays); retune the learning rate and momentum with it, or
-  take the gradient one step ahead (:func:`spardl_jax.lookahead`).
+  take the gradient one step ahead (:func:`spardl_jax.weight_prediction`).
 
   Whatever is accumulated, the bookkeeping stays exact (for SparDL with global residuals):
   ``sum(new residuals) + P * y == sum(u (or g) + beta * old residuals)`` up to float
@@ -174,13 +190,15 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
       ``alpha``, ``beta``).
 
   Returns:
-    An ``optax.GradientTransformationExtraArgs`` whose state is a
-    :class:`~spardl_jax.SyncState`; its ``update`` takes the extra arguments ``param_specs``,
-    ``batch_axes`` (the axes the step split the batch over, which
-    :func:`spardl_jax.data_parallel_step` passes; a sync that reduces over other axes is
-    refused) and, with ``delay=1``, ``next_message``: a function ``(synced, gradient) ->
-    message`` applied leaf by leaf to form the message held for the next step from this
-    step's result (how :func:`spardl_jax.adam.scale_by_synced_adam` keeps one momentum).
+    An ``optax.GradientTransformationExtraArgs`` (a :class:`SyncTransformation`, which
+    carries its validated ``options``) whose state is a :class:`~spardl_jax.SyncState`; its
+    ``update`` takes the extra arguments ``param_specs``, ``batch_axes`` (the axes the step
+    split the batch over, which :func:`spardl_jax.data_parallel_step` passes; a sync that
+    reduces over other axes is refused), ``extra_bytes`` (bytes a transformation around the
+    sync sent for it this step, counted in its statistics) and, with ``delay=1``,
+    ``next_message``: a function ``(synced, gradient) -> message`` applied leaf by leaf to
+    form the message held for the next step from this step's result (how
+    :func:`spardl_jax.adam.scale_by_synced_adam` keeps one momentum).
 
   References:
     Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
@@ -200,23 +218,18 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     return entries.init(config, params)
 
   def update_fn(updates, state, params=None, *, param_specs=None, batch_axes=None,
-                next_message=None, **extra_args):
+                next_message=None, extra_bytes=0, **extra_args):
     del params, extra_args  # other transformations' extra arguments
-    return entries.update(config, updates, state, param_specs, batch_axes, next_message)
+    return entries.update(config, updates, state, param_specs, batch_axes, next_message,
+                          extra_bytes)
 
-  _BUILT[update_fn] = config
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-# What each sync_gradients was built with, by its update function, for the transformations
-# that wrap a sync and must check it (scale_by_synced_adam's warm-up).
-_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+  return SyncTransformation(init_fn, update_fn, config)
 
 
 def built_with(tx: optax.GradientTransformation) -> SyncOptions | None:
   """The validated options ``tx`` was built with, or None where ``tx`` is no
   :func:`sync_gradients` (a chain, another transformation)."""
-  return _BUILT.get(tx.update)
+  return tx.options if isinstance(tx, SyncTransformation) else None
 
 
 def dense_warmup(tx: optax.GradientTransformation) -> int | float | None:
@@ -298,3 +311,22 @@ def powersgd(*, start_iter: int = 0, **options) -> optax.GradientTransformation:
     Optimization", NeurIPS 2019.
   """
   return sync_gradients("powersgd", warmup_steps=start_iter, **options)
+
+
+def predicted_delivery(sync: optax.GradientTransformation, state, params):
+  """This device's estimate of what the delayed ``sync`` (a :func:`sync_gradients` with
+  ``delay=1``) delivers at its next update, as a tree like ``params`` (zeros for non-float
+  leaves and before any message is held), inside the data-parallel ``shard_map``, on this
+  device's shards as the sync's own update runs (``delay.predicted_local`` says how it is
+  made)."""
+  options = built_with(sync)
+  if (options is None or not options.delay or not isinstance(state, SyncState)
+      or state.pending is None):
+    raise ValueError("predicted_delivery: sync must be a sync_gradients(..., delay=1) and "
+                     "state its SyncState.")
+  given = options.given_specs(context_specs(), "use_param_specs (data_parallel_step passes "
+                              "the arrays' layout there)", "predicted_params")
+  return entries.on_local_shards(
+      options, lambda plan, tree, local: delay.predicted_local(plan, local, tree),
+      params, state, given=given, who="predicted_params", returns_state=False)
+
