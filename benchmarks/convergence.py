@@ -54,7 +54,7 @@ from benchmarks import runs
 from benchmarks.runs import RUNS_FIELDS, Row, Runs
 from benchmarks.cli import FRACTIONS, SEEDS, comma_list
 import spardl_jax as sj
-from train.config import (NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, RECIPES,
+from train import (NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, RECIPES,
                           TrainConfig, Tuning, Variant, recipe_tuning)
 
 _GUIDE_MESH = (("data", 4), ("model", 2))
@@ -761,7 +761,7 @@ def run(args) -> int:
   from tqdm import tqdm
 
   from train import data, input_pipeline
-  from train.train import (check_variant, data_request, make_mesh, simulate_devices,
+  from train import (check_variant, data_request, make_mesh, simulate_devices,
                            train_and_evaluate)
 
   simulate_devices(max([args.devices, *(_devices(CASES[c], args) for c in args.cases)]))

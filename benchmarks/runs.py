@@ -23,7 +23,7 @@ import numpy as np
 
 from spardl_jax.tools.provenance import provenance
 from train import lock, report
-from train.report import RunRecord
+RunRecord = report.RunRecord
 
 __all__ = ['RunRecord', 'Runs', 'Row', 'RowAtP', 'BUNDLE', 'bundle', 'lookup', 'read', 'find',
            'target', 'first_reaching', 'provenance', 'write_rows']

@@ -98,8 +98,8 @@ def measure(name: str, size: str, method: str, devices: int, per_device: int,
 
   import models
   import spardl_jax as sj
-  from train.config import TrainConfig, Variant
-  from train.train import compile_steps, create_train_state, make_mesh, make_optimizer
+  from train import TrainConfig, Variant
+  from train import compile_steps, create_train_state, make_mesh, make_optimizer
 
   spec = models.spec(name)
   model = models.create(name, size)
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
   args = _parse_args(argv)
   import jax
 
-  from train.train import simulate_devices
+  from train import simulate_devices
 
   simulate_devices(args.devices)
   from tqdm import tqdm

@@ -47,7 +47,7 @@ from typing import TypeVar
 from benchmarks import runs
 from benchmarks.cli import FRACTIONS, SEEDS
 from models.registry import SIZES
-from train.config import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT,
+from train import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT,
                           parse_variants)
 
 DEFAULT_METHODS = ("dense,dense_bf16,powersgd:rank=4,powersgd:rank=16,spardl,oktopk,gtopk,topka,"
@@ -180,7 +180,7 @@ def rounds_per_step(specs: list[str], p: int, size: str) -> dict[str, float]:
 
   from models import MODELS, create
   from models.registry import abstract_params
-  from train.config import parse_variant
+  from train import parse_variant
 
   shapes = [leaf.shape for leaf in jax.tree.leaves(abstract_params(
       create(CASE["model"], size, num_classes=10), MODELS[CASE["model"]].example))]

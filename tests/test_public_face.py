@@ -138,3 +138,37 @@ def test_every_namespace_is_a_door_file_that_only_hands_names_on():
                 for a in node.names}
     assert set(module.__all__) <= imported, (name, set(module.__all__) - imported)
     assert all(getattr(module, n, None) is not None for n in module.__all__), name
+
+
+def _past_the_trainer_face(source: str) -> list[str]:
+  """Where ``source`` reaches past the trainer's face: an import from a module inside
+  ``train``, or of a name ``train.__all__`` does not hold."""
+  import ast
+
+  import train
+  past = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and (
+        node.module == "train" or node.module.startswith("train.")):
+      past += [f"line {node.lineno}: from {node.module} import {a.name}" for a in node.names
+               if node.module != "train" or a.name not in train.__all__]
+    elif isinstance(node, ast.Import):
+      past += [f"line {node.lineno}: import {a.name}" for a in node.names
+               if a.name.startswith("train.")]
+  return past
+
+
+def test_the_lab_reaches_the_trainer_only_through_its_face():
+  """benchmarks/ imports from ``train`` itself, names in ``train.__all__``: the trainer's
+  step functions, its optimizer building and its command line are its own."""
+  past = {path.name: found for path in sorted((ROOT / "benchmarks").rglob("*.py"))
+          if (found := _past_the_trainer_face(path.read_text()))}
+  assert past == {}
+
+
+def test_the_trainer_face_check_sees_each_way_past():
+  source = ("from train.train import _setup\nimport train.loop\n"
+            "from train import make_mesh, _secret\nimport train\n")
+  assert _past_the_trainer_face(source) == [
+      "line 1: from train.train import _setup", "line 2: import train.loop",
+      "line 3: from train import _secret"]

@@ -205,7 +205,7 @@ def run(args) -> int:
   logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
   log.setLevel(logging.INFO)
   from spardl_jax import distributed
-  from train.train import simulate_devices
+  from train.mesh import simulate_devices
 
   # A multi-process job (python -m spardl_jax.launch, or --distributed on a cluster) sets
   # its local devices itself; --devices then counts the devices of all processes.
@@ -214,7 +214,8 @@ def run(args) -> int:
                                       else SIMULATED_DEVICES))
   if jax.process_index() != 0:
     log.setLevel(logging.WARNING)  # one logging process
-  from train.train import check_model_data, make_mesh
+  from train.mesh import make_mesh
+  from train.train import check_model_data
 
   # Every field of TrainConfig is a flag of the same name (the variants are built above).
   cfg = TrainConfig(variants=variants, **{

@@ -83,7 +83,7 @@ def run(mode, rank, mesh):
   elif mode == "train":
     from train import data
     from train.config import TrainConfig, Variant
-    from train.train import make_mesh, train_and_evaluate
+    from train import make_mesh, train_and_evaluate
     cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=P_ALL,
                       epochs=2, batch_size=64)
     ds, reads = recording(data.load("digits"))

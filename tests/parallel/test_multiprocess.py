@@ -67,7 +67,7 @@ def test_training_over_processes_matches_one_process(job):
   saved = job
   from train import data
   from train.config import TrainConfig, Variant
-  from train.train import make_mesh, train_and_evaluate
+  from train import make_mesh, train_and_evaluate
   cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", devices=4, epochs=2,
                     batch_size=64)
   ds, reads = mp_worker.recording(data.load("digits"))
@@ -117,7 +117,7 @@ def test_a_rank_killed_mid_epoch_resumes_bit_identically(job, tmp_path, monkeypa
   from models import create
   from train import checkpoint, data
   from train.config import TrainConfig, Variant
-  from train.train import create_train_state, make_mesh, make_optimizer
+  from train import create_train_state, make_mesh, make_optimizer
   cfg = TrainConfig(model="mlp", model_size="tiny", dataset="digits", epochs=2, batch_size=64)
   ds = data.load("digits")
   tx = make_optimizer(cfg, Variant("spardl", "spardl", {"density": 0.05}))

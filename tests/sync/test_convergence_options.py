@@ -1,8 +1,10 @@
 """The convergence options of the sync (dense warm-up, density schedule, DGC's momentum
-correction, factor masking and local clipping, SparseLoCo's residual decay) against NumPy
+correction and factor masking, SparseLoCo's residual decay; DGC's local clipping as the optax
+clip before the sync) against NumPy
 models built on the SparDL and TopkA references, conservation with every option on, and a
 jit cache bounded by the levels."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -19,6 +21,19 @@ def rows(rng, p, steps):
   return [harness.gradients(rng, p, N, heavy_tails=True) for _ in range(steps)]
 
 
+def with_local_clipping(sync, clip, p):
+  """DGC's local clipping before ``sync`` (what ``clip_norm=`` of the sync was): each device
+  clips its own gradient to norm ``clip / sqrt(P)``."""
+  return sync if clip is None else optax.chain(optax.clip_by_global_norm(clip / np.sqrt(p)),
+                                               sync)
+
+
+def the_sync(state):
+  """The SyncState of a sync's state, alone or anywhere in a chain's."""
+  return next(s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(
+      x, sj.states.SyncState)) if isinstance(s, sj.states.SyncState))
+
+
 def run(tx, grads_per_step, p):
   """Feeds each step's (P, N) gradients; yields (y, residuals (P, N), velocity or None,
   stats) after each step."""
@@ -27,7 +42,7 @@ def run(tx, grads_per_step, p):
   f = harness.update_fn(tx, p, params)
   for g in grads_per_step:
     updates, state = f(harness.put_rows(p, {"w": jnp.asarray(g)}), state)
-    sync = state if isinstance(state, sj.states.SyncState) else state[0]  # first in a chain
+    sync = the_sync(state)
     velocity = None if sync.velocity is None else np.asarray(sync.velocity)
     yield (np.asarray(updates["w"]), np.asarray(sync.method_state.residual), velocity,
            sync.stats)
@@ -122,7 +137,9 @@ def test_momentum_correction_and_masking(masking):
 
 
 def test_local_clipping():
-  assert_matches(sj.spardl(density=0.05, clip_norm=3.0), 4, 3, density=0.05, clip=3.0)
+  """DGC's local clipping, an optax clip of each device's gradient before the sync."""
+  assert_matches(with_local_clipping(sj.spardl(density=0.05), 3.0, 4), 4, 3, density=0.05,
+                 clip=3.0)
 
 
 def test_density_one_momentum_correction_is_momentum_sgd():
@@ -154,9 +171,9 @@ OPTIONS = {
     "schedule": dict(density=[(0, 0.3), (1, 0.1), (3, 0.02)]),
     "momentum": dict(momentum=0.9),
     "momentum, no masking": dict(momentum=0.5, momentum_masking=False),
-    "clipping": dict(clip_norm=2.0),
+    "clipping": dict(clip=2.0),
     "residual decay": dict(residual_decay=0.8),
-    "all": dict(warmup_steps=1, density=[(0, 0.2), (2, 0.05)], momentum=0.9, clip_norm=2.0,
+    "all": dict(warmup_steps=1, density=[(0, 0.2), (2, 0.05)], momentum=0.9, clip=2.0,
                 residual_decay=0.9),
 }
 
@@ -176,10 +193,12 @@ def test_conservation_with_each_option(name, p):
   rs = np.zeros((p, N))
   model_options = dict(p=p, density=options["density"], warmup=options.get("warmup_steps", 0),
                        momentum=momentum, masking=options.get("momentum_masking", True),
-                       clip=options.get("clip_norm"), decay=options.get("residual_decay"))
+                       clip=options.get("clip"), decay=options.get("residual_decay"))
   decay = options.get("residual_decay", 1.0)
+  clip = options.pop("clip", None)
   for (y, new_rs, _, _), (_, _, _, accumulated) in zip(
-      run(sj.spardl(**options), grads, p), model(grads, **model_options)):
+      run(with_local_clipping(sj.spardl(**options), clip, p), grads, p),
+      model(grads, **model_options)):
     harness.assert_conserved(accumulated, decay * rs, np.broadcast_to(y, (p, N)), new_rs)
     rs = new_rs
 
@@ -243,8 +262,8 @@ def test_bad_options_are_named():
     sj.spardl(momentum=1.0)
   with pytest.raises(ValueError, match="momentum_masking must be True or False"):
     sj.spardl(momentum=0.9, momentum_masking="yes")
-  with pytest.raises(ValueError, match="clip_norm must be None or a finite number > 0"):
-    sj.spardl(clip_norm=0)
+  with pytest.raises(TypeError, match=r"clip_norm is retired.*optax.clip_by_global_norm"):
+    sj.spardl(clip_norm=1.0)
   with pytest.raises(ValueError, match="warmup_steps must be an int >= 0"):
     sj.spardl(warmup_steps=-1)
   with pytest.raises(ValueError, match="steps must start at 0 and increase strictly"):

@@ -25,14 +25,15 @@ def synced(tx, grads, p):
   f = harness.update_fn(tx, p, params)
   for g in grads:
     updates, state = f(harness.put_rows(p, {"w": jnp.asarray(g)}), state)
-    yield np.asarray(updates["w"]), np.asarray(state.method_state.residual), state
+    sync = options_test.the_sync(state)
+    yield np.asarray(updates["w"]), np.asarray(sync.method_state.residual), sync
 
 
 CASES = {
     "plain": dict(density=0.05),
     "warm-up and schedule": dict(density=[(0, 0.2), (3, 0.05)], warmup_steps=1),
     "momentum correction": dict(density=0.05, momentum=0.9),
-    "clipping and decay": dict(density=0.05, clip_norm=2.0, residual_decay=0.8),
+    "clipping and decay": dict(density=0.05, clip=2.0, residual_decay=0.8),
 }
 
 
@@ -40,17 +41,22 @@ CASES = {
 def test_each_step_delivers_the_models_sync_of_the_step_before(name):
   """Step 0 delivers zeros and leaves the residual empty; step t delivers the NumPy model's
   sync of step t - 1 with the model's residual after it, and holds step t's gradient."""
-  p, opts = 5, CASES[name]
+  p, opts = 5, dict(CASES[name])
+  clip = opts.pop("clip", None)
   grads = options_test.rows(np.random.default_rng(7), p, 5)
   model = list(options_test.model(
       grads, p=p, density=opts["density"], warmup=opts.get("warmup_steps", 0),
-      momentum=opts.get("momentum"), clip=opts.get("clip_norm"),
-      decay=opts.get("residual_decay")))
-  got = list(synced(sj.spardl(delay=1, **opts), grads, p))
+      momentum=opts.get("momentum"), clip=clip, decay=opts.get("residual_decay")))
+  got = list(synced(options_test.with_local_clipping(sj.spardl(delay=1, **opts), clip, p),
+                    grads, p))
   np.testing.assert_array_equal(got[0][0], 0)
   np.testing.assert_array_equal(got[0][1], 0)
   for t, (y, rs, state) in enumerate(got):
-    np.testing.assert_array_equal(np.asarray(state.pending.message), grads[t])
+    if clip is None:
+      np.testing.assert_array_equal(np.asarray(state.pending.message), grads[t])
+    else:  # optax's clip before the sync, against the model's in float64
+      np.testing.assert_allclose(np.asarray(state.pending.message),
+                                 options_test.clipped(grads[t], clip, p), rtol=1e-6, atol=1e-7)
     assert np.asarray(state.pending.held).all() and np.asarray(state.count)[0] == t
     if t:
       np.testing.assert_allclose(y, model[t - 1][0], rtol=1e-5, atol=1e-5)

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 from spardl_jax._src.baselines.common import ResidualState
 from spardl_jax import launch
 from train import checkpoint
-from train.train import make_mesh
+from train import make_mesh
 
 REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 

@@ -13,7 +13,7 @@ from tests import data_files
 from train import data, input_pipeline
 from train.data import corpora, text, tfds_data
 from train.data.types import Request
-from train.train import check_model_data, make_mesh
+from train import check_model_data, make_mesh
 
 
 def first(split, n=4):

@@ -19,7 +19,7 @@ from spardl_jax.tools import traffic
 from tests import harness
 from train import data, input_pipeline, main
 from train.config import TrainConfig, Tuning, Variant
-from train.train import compile_steps, create_train_state, make_mesh, make_optimizer, \
+from train import compile_steps, create_train_state, make_mesh, make_optimizer, \
     train_and_evaluate, variant_tuning
 
 SPARDL = Variant("spardl", "spardl", {"density": 0.01})
@@ -233,7 +233,7 @@ def test_every_task_trains(tmp_path, model, dataset, seq_len):
   The House stand-in's photos are noise, so its loss need not fall; the others must learn.
   """
   from tests import data_files
-  from train.train import data_request
+  from train import data_request
 
   if dataset == "house":
     data_files.write_house(tmp_path, houses=40)
@@ -551,7 +551,7 @@ def test_adam_around_a_low_rank_sync_trains_v_as_the_recipe_does():
   mean gradient's square, near 0 for some coordinates) and reached a loss of 577 in two
   steps: v now trains where the sync delivers, as the AdamW recipe's sparse methods do."""
   from train.config import TrainConfig, parse_variant
-  from train.train import variant_tuning
+  from train import variant_tuning
 
   cfg = TrainConfig(optimizer="adamw")
   variant = parse_variant("powersgd:synced=momentum:warmup=1", density=0.01, teams=1,

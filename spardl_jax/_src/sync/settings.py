@@ -28,7 +28,6 @@ class SyncOptions:
   nonfinite: NonFinite = "skip"
   momentum: float | None = None
   momentum_masking: bool = True
-  clip_norm: float | None = None
   param_specs: Any = None
   local_axis: str | None = None
   residual_decay: float | None = None
@@ -61,9 +60,6 @@ class SyncOptions:
     if not isinstance(self.momentum_masking, bool):
       raise ValueError(f"{who}: momentum_masking must be True or False, got "
                        f"{self.momentum_masking!r}.")
-    if self.clip_norm is not None:
-      check_number(who, "clip_norm", self.clip_norm, "None or a finite number > 0",
-                   accept=lambda c: 0 < c < float("inf"))
     if self.axis_size is not None:
       check_number(who, "axis_size", self.axis_size, "a positive int", integral=True,
                    accept=lambda p: p >= 1)

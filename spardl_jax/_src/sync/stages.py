@@ -4,7 +4,7 @@
 trace's :class:`~spardl_jax._src.sync.plan.SyncPlan`:
 
 1. the plan checks the state is this sync's, for these leaves (:meth:`SyncPlan.local`);
-2. :func:`local_gradient`: DGC's local clipping and momentum correction;
+2. :func:`local_gradient`: DGC's momentum correction;
 3. :func:`run_level`: the method of the current level (dense warm-up, a density of the
    schedule) all-reduces the flat vector, chosen by the step count with ``lax.switch``
    (after decaying the residual, where ``residual_decay`` asks); with ``balance``, on the
@@ -79,16 +79,8 @@ class Agreed(NamedTuple):
 
 
 def local_gradient(plan: SyncPlan, flat, dense: list, old_velocity) -> Local:
-  """Stage 2: DGC's local clipping (of the flat vector and the ``dense`` leaves together),
-  then its momentum correction (the velocity is what travels)."""
+  """Stage 2: DGC's momentum correction (the velocity is what travels)."""
   options = plan.options
-  if options.clip_norm is not None:
-    norm = jnp.sqrt(sum((jnp.sum(jnp.square(v.astype(jnp.float32))) for v in [flat, *dense]),
-                        jnp.zeros((), jnp.float32)))
-    limit = options.clip_norm / np.sqrt(plan.p)
-    scale = jnp.minimum(1.0, limit / jnp.maximum(norm, 1e-30))
-    flat = (flat * scale).astype(flat.dtype)
-    dense = [(v * scale).astype(v.dtype) for v in dense]
   if options.momentum is None:
     return Local(flat, dense, None)
   velocity = (options.momentum * old_velocity + flat).astype(flat.dtype)

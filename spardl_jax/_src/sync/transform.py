@@ -43,8 +43,7 @@ class SyncTransformation(optax.GradientTransformationExtraArgs):
 def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
                    axis_size: int | None = None, nonfinite: NonFinite = "skip",
                    warmup_steps: int = 0, momentum: float | None = None,
-                   momentum_masking: bool = True, clip_norm: float | None = None,
-                   residual_decay: float | None = None, param_specs=None,
+                   momentum_masking: bool = True, residual_decay: float | None = None, param_specs=None,
                    local_axis: str | None = None, dense_leaves=None, delay: int = 0,
                    balance: str | None = None, **options) -> optax.GradientTransformationExtraArgs:
   """Synchronizes gradients across ``axis_name`` with the all-reduce ``method``.
@@ -77,9 +76,10 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     synchronized result is nonzero (the coordinates every device just applied), so stale
     momentum does not push them again; dense warm-up steps do not mask. At density 1 without
     masking this is momentum SGD on the mean gradient.
-  * ``clip_norm=c``: each device first rescales its own gradient to L2 norm at most
-    ``c / sqrt(P)`` (DGC's local clipping: the mean of ``P`` such gradients has norm at most
-    ``c / sqrt(P)`` under independence, about what a global clip at ``c`` allows the sum).
+  * DGC's local clipping is ``optax.chain(optax.clip_by_global_norm(c / sqrt(P)), sync,
+    ...)``: each device rescales its own gradient before the sync sees it (the mean of ``P``
+    such gradients has norm at most ``c / sqrt(P)`` under independence, about what a global
+    clip at ``c`` allows the sum).
 
   * ``residual_decay=beta`` (SparseLoCo's decayed error feedback): each device scales its
     residual by ``beta`` before adding the new gradient (``e <- beta e + g``), so mass a
@@ -166,7 +166,6 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     warmup_steps: dense syncs before the sparse ones (an int >= 0).
     momentum: DGC momentum correction factor in [0, 1), or None (off).
     momentum_masking: DGC momentum factor masking (with ``momentum``).
-    clip_norm: DGC local gradient clipping threshold (> 0), or None (off).
     residual_decay: SparseLoCo's error-feedback decay ``beta`` in [0, 1], or None (1: the
       residual kept whole).
     local_axis: a second data axis reduced densely inside each host around the method
@@ -207,10 +206,14 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
     Sarfi et al., "Communication Efficient LLM Pre-training with SparseLoCo", arXiv
     2508.15706 (the decayed error feedback).
   """
+  if "clip_norm" in options:
+    raise TypeError("sync_gradients: clip_norm is retired; DGC's local clipping is an optax "
+                    "clip of each device's gradient before the sync: optax.chain("
+                    "optax.clip_by_global_norm(c / sqrt(P)), sync, ...).")
   config = SyncOptions(
       method, tuple(levels.build(method, options, warmup_steps=warmup_steps)),
       axis_name=axis_name, axis_size=axis_size, nonfinite=nonfinite, momentum=momentum,
-      momentum_masking=momentum_masking, clip_norm=clip_norm, param_specs=param_specs,
+      momentum_masking=momentum_masking, param_specs=param_specs,
       local_axis=local_axis, residual_decay=residual_decay, dense_leaves=dense_leaves,
       delay=delay, balance=balance)
 
@@ -273,7 +276,7 @@ def spardl(*, density: float | levels.DensitySchedule | str | DensityRule = 0.01
       ``sag``, ``residuals``, ``wire``, ``alpha``, ``beta``; their defaults are its) and the options
       of :func:`sync_gradients` (``axis_name``, ``axis_size``, ``nonfinite``, and the
       convergence options ``warmup_steps``, ``momentum``, ``momentum_masking``,
-      ``clip_norm``, ``residual_decay``). Each is defined, and documented, once, there.
+      ``residual_decay``). Each is defined, and documented, once, there.
 
   Returns:
     An ``optax.GradientTransformation`` (state :class:`~spardl_jax.SyncState`).
