@@ -68,6 +68,8 @@ class Tuning(NamedTuple):
   lookahead: float | None = None     # with delay=1: the gradient taken ahead, by this fraction
   balance: str | None = None         # "leaves": each leaf scaled to the vector's size before top-k
   sign: int | None = None            # 1: DeMo, the sign of the synced momentum (sj.demo)
+  fragments: int | None = None       # with outer=H: the parameters synced in F staggered parts
+  overlap: int | None = None         # with outer=H: the outer update lands this many steps late
 
   def given(self) -> dict[str, Any]:
     """The keys set, by name."""
@@ -104,7 +106,8 @@ TUNING: dict[str, Rule] = {
     "lookahead": Rule(float, "in [0, 1]", lambda v: 0 <= v <= 1),
     "balance": Rule(str, " or ".join(map(repr, sj.options.BALANCES)),
                     lambda v: v in sj.options.BALANCES),
-    "sign": Rule(int, "0 or 1", lambda v: v in (0, 1))}
+    "sign": Rule(int, "0 or 1", lambda v: v in (0, 1)),
+    "fragments": Rule(int, ">= 1", lambda v: v >= 1), "overlap": _AT_LEAST_0}
 assert tuple(TUNING) == Tuning._fields, "a rule for every tuning key"
 
 
@@ -131,7 +134,7 @@ class Variant:
     return sj.options.MethodSpec(self.method, self.options)
 
 
-Optimizer = Literal["sgd", "adamw"]
+Optimizer = Literal["sgd", "adamw", "muon"]
 LrSchedule = Literal["constant", "cosine"]
 DecayOn = Literal["all", "matrices"]
 OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
@@ -152,6 +155,10 @@ class TrainConfig:
   # (axis, size) pairs of a mesh of several axes, the data axis among them: the parameters
   # are sharded over the others (FSDP). (): one data axis over --devices.
   mesh: tuple[tuple[str, int], ...] = ()
+  # Islands: M groups of devices/M, the batch split over both; every step's sync is then
+  # dense inside an island and the method across (a hierarchical sync), and an outer loop's
+  # replicas are the islands, each averaging its gradient inside every step. 1: none.
+  islands: int = 1
   epochs: int = 30
   batch_size: int = 128
   lr: float = 0.05
@@ -164,6 +171,7 @@ class TrainConfig:
   weight_decay: float = 0.01  # AdamW's
   weight_decay_on: DecayOn = "all"  # or "matrices": leaves of 2 or more dimensions (nanoGPT's)
   adam_b2: float = 0.999  # AdamW's second-moment decay
+  adam_lr: float | None = None  # Muon's AdamW rate for the leaves that are no matrix (None: lr)
   # The global norm the synchronized gradient is clipped to before the optimizer (nanoGPT's
   # grad_clip); None: no clipping. Adam around the sync clips each device's gradient.
   grad_clip: float | None = None
@@ -263,16 +271,18 @@ def parse_variants(texts: list[str], *, recipe: Mapping[str, Mapping[str, Any]] 
 RECIPES: dict[str, dict[str, dict[str, float | str]]] = {
     "recommended": {"sgd": {"opt_momentum": 0.5},
                     "adamw": {"warmup_epochs": 0.25, "synced": "momentum",
-                              "second_moment": "sent", "dense_leaves": "vectors"}},
-    "paper": {"sgd": {}, "adamw": {}},
+                              "second_moment": "sent", "dense_leaves": "vectors"},
+                    "muon": {}},  # Muon has no recipe around a sync: outer loops only
+    "paper": {"sgd": {}, "adamw": {}, "muon": {}},
 }
 # The method options of each recipe, by optimizer and method, where neither the spec nor a
 # flag gives them. AdamW: SparDL at 7 % with 8-bit values, the finalist that met issue 46's
 # targets on nanoGPT (1/15 of dense's bytes; benchmarks/results/adam.md); other sparse
 # methods keep --density's default, whose bytes 7 % would multiply by 7.
 RECIPE_OPTIONS: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
-    "recommended": {"sgd": {}, "adamw": {"spardl": {"density": 0.07, "wire": "int8"}}},
-    "paper": {"sgd": {}, "adamw": {}},
+    "recommended": {"sgd": {}, "adamw": {"spardl": {"density": 0.07, "wire": "int8"}},
+                    "muon": {}},
+    "paper": {"sgd": {}, "adamw": {}, "muon": {}},
 }
 _EPOCH_KEYS = {"warmup_epochs": "warmup", "ramp_epochs": "ramp", "freeze_epochs": "freeze"}
 

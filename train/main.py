@@ -85,6 +85,10 @@ def _parse_args(argv):
                  help="a mesh of several axes, e.g. data=4,model=2: data parallelism over "
                       "'data' (the sync), the parameters sharded FSDP-style over the other "
                       "axes (default: one data axis over --devices)")
+  p.add_argument("--islands", type=POSITIVE_INT, default=d.islands,
+                 help="M groups of --devices/M devices (a mesh island=M, data=devices/M, the "
+                      "batch over both): every step's sync dense inside an island and the "
+                      "method across; an outer loop's replicas are the islands (default 1)")
   p.add_argument("--epochs", type=POSITIVE_INT, default=d.epochs)
   p.add_argument("--batch-size", type=POSITIVE_INT, default=d.batch_size, help="global batch size")
   p.add_argument("--steps-per-epoch", type=POSITIVE_INT, default=d.steps_per_epoch,
@@ -118,6 +122,9 @@ def _parse_args(argv):
                       "biases or norm scales, as nanoGPT) (default: %(default)s)")
   p.add_argument("--adam-b2", type=UNIT_FLOAT, default=d.adam_b2,
                  help="AdamW's second-moment decay, in [0, 1) (default: %(default)s)")
+  p.add_argument("--adam-lr", type=POSITIVE_FLOAT, default=d.adam_lr,
+                 help="--optimizer muon: the AdamW rate of the leaves that are no matrix "
+                      "(default: --lr)")
   p.add_argument("--grad-clip", type=POSITIVE_FLOAT, default=d.grad_clip,
                  help="clip the gradient to this global norm before the optimizer: the mean "
                       "gradient after a sync, each device's own where Adam is around the "
@@ -222,7 +229,7 @@ def run(args) -> int:
       f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
       if f.name in vars(args)})
   check_model_data(cfg.model, cfg.dataset)
-  mesh = make_mesh(cfg.devices, cfg.axis_name, axes=cfg.mesh)
+  mesh = make_mesh(cfg.devices, cfg.axis_name, axes=cfg.mesh, islands=cfg.islands)
   if cfg.batch_size % mesh.size:
     raise UsageError(f"--batch-size ({cfg.batch_size}) must be a multiple of the "
                      f"{mesh.size} devices.")

@@ -19,6 +19,7 @@ import optax
 
 import spardl_jax as sj
 from train.config import TrainConfig, Tuning, Variant, recipe_tuning
+from train.mesh import ISLAND_AXIS
 
 __all__ = ['make_optimizer', 'learning_rate', 'variant_tuning', 'kind', 'BUILDERS', 'REFUSALS']
 
@@ -91,6 +92,10 @@ REFUSALS: tuple[Refusal, ...] = (
             "lookahead (the gradient taken one step ahead) needs delay=1 in the same spec and "
             "the optimizer after the sync: not synced= (Adam around the sync, the AdamW "
             "recipe's) nor outer=H."),
+    Refusal(lambda cfg, m, t: (t.fragments is not None or t.overlap is not None)
+            and not t.outer,
+            "fragments and overlap (Streaming DiLoCo's) need outer=H in the same spec, or "
+            "--outer-every H."),
     Refusal(lambda cfg, m, t: t.clip is not None and bool(t.outer),
             "clip (DGC's local clipping of each device's gradient before the sync) with outer=H: "
             "an outer loop's sync sends parameter changes, not gradients; clip the inner "
@@ -146,6 +151,7 @@ class Parts(NamedTuple):
   decay_mask: Any
   sync_options: dict
   devices: int
+  islands: bool
 
   def clipped(self, *txs):
     """``txs`` chained, with ``--grad-clip`` before the last of them: dense training clips
@@ -179,14 +185,19 @@ class Parts(NamedTuple):
     if cfg.optimizer == "adamw":
       return optax.adamw(self.lr, b1=self.momentum, b2=cfg.adam_b2,
                          weight_decay=cfg.weight_decay, mask=self.decay_mask)
-    raise ValueError(f"--optimizer must be 'sgd' or 'adamw', got {cfg.optimizer!r}.")
+    if cfg.optimizer == "muon":  # MuLoCo's inner optimizer: Muon on matrices, AdamW beside
+      return optax.contrib.muon(self.lr, beta=self.momentum, weight_decay=cfg.weight_decay,
+                                weight_decay_mask=self.decay_mask, adam_b2=cfg.adam_b2,
+                                adam_learning_rate=cfg.adam_lr)
+    raise ValueError(f"--optimizer must be 'sgd', 'adamw' or 'muon', got {cfg.optimizer!r}.")
 
-  def sync(self):
-    """The variant's gradient sync, with DGC's momentum correction where asked."""
+  def sync(self, **options):
+    """The variant's gradient sync (``options`` over its own), with DGC's momentum
+    correction where asked."""
     tuning = self.tuning
     return sj.sync_gradients(self.variant.method, warmup_steps=tuning.warmup or 0,
                              momentum=tuning.momentum, momentum_masking=tuning.masking != 0,
-                             **self.sync_options)
+                             **{**self.sync_options, **options})
 
 
 def _chained(parts: Parts):
@@ -228,8 +239,18 @@ def _outer(parts: Parts):
   tuning = parts.tuning
   outer = optax.sgd(tuning.outer_lr, momentum=tuning.outer_momentum or None,
                     nesterov=bool(tuning.outer_momentum))
-  return sj.diloco(parts.clipped(parts.optimizer()), parts.sync(), every=tuning.outer,
-                   outer=outer)
+  inner = parts.clipped(parts.optimizer())
+  sync = parts.sync()
+  if parts.islands:  # each island averages its gradient inside, every step; the outer
+    # sync crosses the islands, each device its slice (no hierarchical sync there)
+    data = parts.cfg.axis_name
+    inner = optax.chain(sj.sync_gradients("dense", axis_name=data), inner)
+    options = dict(parts.sync_options, local_axis=None)
+    sync = sj.sync_gradients(parts.variant.method, warmup_steps=tuning.warmup or 0,
+                             momentum=tuning.momentum, momentum_masking=tuning.masking != 0,
+                             **options)
+  return sj.diloco(inner, sync, every=tuning.outer, outer=outer,
+                   fragments=tuning.fragments or 1, overlap=tuning.overlap or 0)
 
 
 def _predicted(parts: Parts):
@@ -258,7 +279,8 @@ BUILDERS: dict[str, Callable[[Parts], optax.GradientTransformation]] = {
 
 
 def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int | None = None,
-                   specs=None, devices: int = 1) -> optax.GradientTransformation:
+                   specs=None, devices: int = 1,
+                   islands: bool = False) -> optax.GradientTransformation:
   """The variant's gradient sync and the optimizer (``cfg.optimizer``: SGD with momentum or
   AdamW), as its tuning says (:func:`variant_tuning`; for a sparse method, what it leaves
   out comes from the recipe ``cfg.recipe``, whose lengths in epochs need
@@ -290,11 +312,15 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
   reaches, equal to ``--lr``'s with ``--momentum``: lowering the momentum then changes only how
   much past gradient the optimizer replays, which is what a residual wants.
   ``cfg.lr_schedule='cosine'`` decays the rate over the run. ``specs`` are the parameters'
-  specs on a mesh of several axes, for the sync; ``devices`` the devices on the data axis.
+  specs on a mesh of several axes, for the sync; ``devices`` the devices on the data axes.
+  On an islands mesh (``islands``, ``--islands M``) every sync reduces over the island axis:
+  an every-step sync dense inside each island and the method across (``local_axis``, a
+  hierarchical sync); an outer loop's replicas are the islands, each averaging its gradient
+  densely inside every inner step.
   """
   tuning = variant_tuning(cfg, variant, steps_per_epoch=steps_per_epoch)
   corrected = tuning.momentum is not None
-  default_momentum = cfg.momentum if cfg.optimizer == "sgd" else 0.9
+  default_momentum = {"sgd": cfg.momentum, "muon": 0.95}.get(cfg.optimizer, 0.9)
   momentum = 0.0 if corrected else (default_momentum if tuning.opt_momentum is None
                                     else tuning.opt_momentum)
   lr = cfg.lr if tuning.lr is None else tuning.lr
@@ -309,6 +335,8 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
                                            at=tuning.warmup or 0)
   sync_options = dict(axis_name=cfg.axis_name, residual_decay=tuning.decay,
                       param_specs=specs, **options)
+  if islands:
+    sync_options.update(axis_name=ISLAND_AXIS, local_axis=cfg.axis_name)
   if tuning.dense_leaves:
     sync_options["dense_leaves"] = (tuning.dense_leaves if tuning.dense_leaves == "vectors"
                                     else int(tuning.dense_leaves))
@@ -316,5 +344,5 @@ def make_optimizer(cfg: TrainConfig, variant: Variant, *, steps_per_epoch: int |
     if getattr(tuning, key):
       sync_options[key] = getattr(tuning, key)
   parts = Parts(cfg, variant, tuning, learning_rate(cfg, lr, steps_per_epoch), momentum,
-                decay_mask, sync_options, devices)
+                decay_mask, sync_options, devices, islands)
   return BUILDERS[kind(tuning)](parts)

@@ -34,7 +34,7 @@ import spardl_jax as sj
 from train import data, input_pipeline
 from train.config import TrainConfig, Variant
 from train.loop import Loop, Position, host
-from train.mesh import param_specs
+from train.mesh import ISLAND_AXIS, batch_axes, param_specs, replica_axis
 from train.optimizer import make_optimizer, variant_tuning
 
 log = logging.getLogger("train")
@@ -93,13 +93,20 @@ def create_train_state(rng: jax.Array, model: nn.Module, tx: optax.GradientTrans
   step, model_state = jax.device_put((jnp.zeros((), jnp.int32), variables), replicated)
   params = (jax.device_put(params, replicated) if specs is None else jax.tree.map(
       lambda p, spec: jax.device_put(p, jax.sharding.NamedSharding(mesh, spec)), params, specs))
-  opt_state = sj.init_opt_state(tx, params, mesh, axis_name=axis_name, param_specs=specs)
+  rows = replica_axis(mesh, axis_name)  # the state's rows: over the islands, if any
+  opt_state = sj.init_opt_state(tx, params, mesh, axis_name=rows, param_specs=specs)
   state = TrainState(step=step, params=params, model_state=model_state, opt_state=opt_state)
   over_data = functools.partial(jax.tree.map, lambda _: PartitionSpec())
   return state, TrainState(
       step=PartitionSpec(), params=over_data(params), model_state=over_data(model_state),
-      opt_state=sj.opt_state_specs(tx, params, mesh, axis_name=axis_name, param_specs=specs,
-                                   axis_names={axis_name}))
+      opt_state=sj.opt_state_specs(tx, params, mesh, axis_name=rows, param_specs=specs,
+                                   axis_names=manual_axes(mesh, axis_name)))
+
+
+def manual_axes(mesh: jax.sharding.Mesh, axis_name: str) -> set[str]:
+  """The axes the steps' ``shard_map`` binds: the batch's (the rest are the compiler's)."""
+  axes = batch_axes(mesh, axis_name)
+  return {axes} if isinstance(axes, str) else set(axes)
 
 
 def _loss_terms(task: str, out: jax.Array, y: jax.Array):
@@ -122,12 +129,14 @@ def _apply(model: nn.Module, state: TrainState, params, x, *, train: bool, rngs=
 
 
 def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.GradientTransformation,
-               axis_name: str, task: str, seed: int) -> tuple[TrainState, StepMetrics]:
-  """One step on this device's slice ``batch = (x, y, w)``; inside shard_map.
+               axis_name, task: str, seed: int, link: str) -> tuple[TrainState, StepMetrics]:
+  """One step on this device's slice ``batch = (x, y, w)``; inside shard_map over the
+  batch's ``axis_name`` (an axis, or the island and data axes).
 
   The loss is the global weighted mean, so devices whose slices hold more scored targets
   (masked tokens, non-padding) weigh more: each device's loss is its weighted sum times
-  ``P / total weight``, and the sync averages over the ``P`` devices.
+  ``P / total weight``, and the sync averages over the ``P`` devices. The bytes are what the
+  syncs over the ``link`` axis sent (on an islands mesh: across the islands, the slow link).
   """
   x, y, w = batch
   size = jax.lax.axis_size(axis_name)
@@ -154,8 +163,8 @@ def train_step(state: TrainState, batch, *, model: nn.Module, tx: optax.Gradient
   sums = jax.lax.psum(jnp.stack([loss / size, metric / total]), axis_name)
   return (state.replace(step=state.step + 1, params=params, model_state=model_state,
                         opt_state=opt_state),
-          StepMetrics(loss=sums[0], metric=sums[1],
-                      bytes_sent=sj.sync_stats(opt_state).bytes_sent))
+          StepMetrics(loss=sums[0], metric=sums[1], bytes_sent=sum(
+              s.bytes_sent for s in sj.sync_stats(opt_state, by_part=True, axis=link).values())))
 
 
 def eval_step(state: TrainState, batch, *, model: nn.Module, axis_name: str,
@@ -174,18 +183,19 @@ def compile_steps(model: nn.Module, tx: optax.GradientTransformation, mesh: jax.
   """``(train, evaluate)``: the jitted shard_map programs of the two steps. ``shardings``
   (the state's) pin the new state's layout: on a mesh of several axes the compiler would
   otherwise pick one for what the step leaves to it (a replicated bias, say)."""
-  rows = PartitionSpec(axis_name)
-  # Over the data axis only: on a mesh of several axes the compiler shards the model's
+  data = batch_axes(mesh, axis_name)
+  rows = PartitionSpec(data)
+  # Over the data axes only: on a mesh of several axes the compiler shards the model's
   # computation over the others (a partial-auto shard_map), and the sync its own.
-  manual = {axis_name}
+  manual = manual_axes(mesh, axis_name)
   train = jax.jit(jax.shard_map(
-      functools.partial(train_step, model=model, tx=tx, axis_name=axis_name, task=task,
-                        seed=seed),
+      functools.partial(train_step, model=model, tx=tx, axis_name=data, task=task,
+                        seed=seed, link=replica_axis(mesh, axis_name)),
       mesh=mesh, in_specs=(specs, rows), axis_names=manual,
       out_specs=(specs, StepMetrics(PartitionSpec(), PartitionSpec(), rows)), check_vma=False),
       out_shardings=None if shardings is None else (shardings, None))
   evaluate = jax.jit(jax.shard_map(
-      functools.partial(eval_step, model=model, axis_name=axis_name, task=task), mesh=mesh,
+      functools.partial(eval_step, model=model, axis_name=data, task=task), mesh=mesh,
       # Without the check: scans (LSTMs) start from unvarying zero carries on varying data.
       in_specs=(specs, rows), out_specs=PartitionSpec(), axis_names=manual, check_vma=False))
   return train, evaluate
@@ -225,9 +235,10 @@ def evaluate_model(evaluate, state: TrainState, ds: data.Dataset, mesh,
                    cfg: TrainConfig) -> tuple[float, float]:
   """Test-set mean loss and metric."""
   total = np.zeros(3)
-  for batch in input_pipeline.eval_batches(ds.test, cfg.batch_size, mesh, cfg.axis_name,
+  data = batch_axes(mesh, cfg.axis_name)
+  for batch in input_pipeline.eval_batches(ds.test, cfg.batch_size, mesh, data,
                                            steps=cfg.eval_steps):
-    total += host(evaluate(state, sj.distributed.shard_rows(batch, mesh, cfg.axis_name,
+    total += host(evaluate(state, sj.distributed.shard_rows(batch, mesh, data,
                                                                local=True)))
   return total[0] / total[2], total[1] / total[2]
 
@@ -258,12 +269,14 @@ def _setup(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   example = ds.train.take(np.arange(1))[0]
   abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.asarray(example[:1]))["params"]
   specs = param_specs(abstract, mesh, cfg.axis_name)
+  islands = ISLAND_AXIS in mesh.axis_names
   params = jax.tree.map(
       lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                            sharding=jax.sharding.NamedSharding(mesh, spec)),
       abstract, specs or jax.tree.map(lambda _: PartitionSpec(), abstract))
   tx = make_optimizer(cfg, variant, steps_per_epoch=steps, specs=specs,
-                      devices=mesh.shape[cfg.axis_name])
+                      devices=mesh.shape[cfg.axis_name] * (mesh.shape[ISLAND_AXIS] if islands
+                                                           else 1), islands=islands)
   return _Run(model, steps, tx, example, params, specs)
 
 
@@ -275,8 +288,9 @@ _RUN_FLAGS = {"model": "--model", "model_size": "--model-size", "dataset": "--da
               "lr_schedule": "--lr-schedule", "recipe": "--recipe",
               "optimizer": "--optimizer", "weight_decay": "--weight-decay", "seed": "--seed",
               "weight_decay_on": "--weight-decay-on", "adam_b2": "--adam-b2",
+              "adam_lr": "--adam-lr",
               "grad_clip": "--grad-clip", "lr_warmup": "--lr-warmup", "lr_final": "--lr-final",
-              "seq_len": "--seq-len", "image_size": "--image-size"}
+              "seq_len": "--seq-len", "image_size": "--image-size", "islands": "--islands"}
 
 
 def run_record(cfg: TrainConfig, variant: Variant, steps_per_epoch: int) -> dict:
@@ -305,14 +319,15 @@ def check_variant(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
 
   run = _setup(cfg, variant, ds, mesh)
   tx, params, layout = run.tx, run.params, run.specs
-  specs = sj.opt_state_specs(tx, params, mesh, axis_name=cfg.axis_name, param_specs=layout,
-                             axis_names={cfg.axis_name})
+  rows, manual = replica_axis(mesh, cfg.axis_name), manual_axes(mesh, cfg.axis_name)
+  specs = sj.opt_state_specs(tx, params, mesh, axis_name=rows, param_specs=layout,
+                             axis_names=manual)
   opt_state = jax.eval_shape(
-      lambda p: sj.init_opt_state(tx, p, mesh, axis_name=cfg.axis_name, param_specs=layout),
+      lambda p: sj.init_opt_state(tx, p, mesh, axis_name=rows, param_specs=layout),
       params)
   update = jax.shard_map(lambda g, s, p: tx.update(g, s, p), mesh=mesh,
                          in_specs=(PartitionSpec(), specs, PartitionSpec()),
-                         out_specs=(PartitionSpec(), specs), axis_names={cfg.axis_name},
+                         out_specs=(PartitionSpec(), specs), axis_names=manual,
                          check_vma=False)
   jax.eval_shape(update, params, opt_state, params)
   if checkpoint_dir:
@@ -336,6 +351,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   from train import checkpoint
 
   model, steps, tx, example, _, layout = _setup(cfg, variant, ds, mesh)
+  link = replica_axis(mesh, cfg.axis_name)  # the bytes counted: over it (the slow link)
   state, specs = create_train_state(jax.random.key(cfg.seed), model, tx, example, mesh,
                                     cfg.axis_name, layout)
   train, evaluate = compile_steps(model, tx, mesh, specs, cfg.axis_name, task=ds.task,
@@ -362,13 +378,15 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
     resume = epoch == at.epoch and at.done > 0
     epoch_start, compiled_before = time.perf_counter(), loop.compile_seconds
     loop.start_epoch(at.rows if resume else [])
-    batches = input_pipeline.train_batches(ds.train, cfg.batch_size, mesh, cfg.axis_name,
+    batches = input_pipeline.train_batches(ds.train, cfg.batch_size, mesh,
+                                           batch_axes(mesh, cfg.axis_name),
                                            seed=cfg.seed, epoch=epoch,
                                            steps=cfg.steps_per_epoch,
                                            workers=cfg.data_workers,
                                            state=at.iterator if resume else None)
     for done, batch in enumerate(batches, start=at.done + 1 if resume else 1):
-      batch = sj.distributed.shard_rows(batch, mesh, cfg.axis_name, local=True)
+      batch = sj.distributed.shard_rows(batch, mesh, batch_axes(mesh, cfg.axis_name),
+                                        local=True)
       if loop.step_fn is None:
         loop.compile(train, state, batch)
       state = loop.step(state, batch, epoch)
@@ -383,14 +401,16 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
     clock += time.perf_counter() - epoch_start - (loop.compile_seconds - compiled_before)
     sent += float(epoch_metrics[:, 2].sum())
     test_loss, test_metric = evaluate_model(evaluate, state, ds, mesh, cfg)
-    stats = sj.sync_stats(state.opt_state)
+    parts = list(sj.sync_stats(state.opt_state, by_part=True, axis=link).values())
     history.append({"epoch": epoch, "steps": epoch * steps,
                     "train_loss": float(epoch_metrics[:, 0].mean()),
                     f"train_{ds.metric}": float(epoch_metrics[:, 1].mean()),
                     "test_loss": float(test_loss), f"test_{ds.metric}": float(test_metric),
                     "bytes_sent": sent, "train_seconds": clock,
-                    "residual_norm": float(np.mean(host(stats.residual_norm))),
-                    "density": float(host(stats.density)[0])})
+                    "residual_norm": float(np.sqrt(sum(np.mean(host(s.residual_norm)) ** 2
+                                                       for s in parts))),
+                    "density": float(host(parts[0].density)[0]),
+                    **_inside(state.opt_state, mesh, cfg.axis_name)})
     loop.log(f"epoch {epoch}/{cfg.epochs}: train loss {history[-1]['train_loss']:.4f}, "
              f"test {ds.metric} {test_metric:.4f}")
     if mgr:
@@ -401,7 +421,17 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   if mgr:
     mgr.close()
   bytes_per_step = (history[-1]["bytes_sent"] / history[-1]["steps"] if history else
-                    float(host(sj.sync_stats(state.opt_state).bytes_sent)[0]))
+                    float(sum(host(s.bytes_sent)[0] for s in sj.sync_stats(
+                        state.opt_state, by_part=True, axis=link).values())))
   time_per_step = float(np.median(loop.times)) if loop.times else float("nan")
   return RunResult(variant.label, ds.metric, history, num_params, bytes_per_step,
                    time_per_step, state)
+
+
+def _inside(opt_state, mesh: jax.sharding.Mesh, axis_name: str) -> dict:
+  """On an islands mesh, ``bytes_inside_per_step``: what each device sent inside its island
+  at the last step (an island's own syncs, over ``axis_name``); nothing elsewhere."""
+  if ISLAND_AXIS not in mesh.axis_names:
+    return {}
+  inside = sj.sync_stats(opt_state, by_part=True, axis=axis_name).values()
+  return {"bytes_inside_per_step": float(sum(host(s.bytes_sent)[0] for s in inside))}

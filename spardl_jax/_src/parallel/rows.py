@@ -7,6 +7,8 @@ reads only the rows of its own devices (:func:`process_rows`) and places them wi
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
@@ -14,19 +16,23 @@ from jax.sharding import NamedSharding, PartitionSpec
 __all__ = ['process_rows', 'shard_rows']
 
 
-def process_rows(rows: int, mesh: jax.sharding.Mesh, axis_name: str = "data") -> slice:
+def process_rows(rows: int, mesh: jax.sharding.Mesh,
+                 axis_name: str | tuple[str, ...] = "data") -> slice:
   """The rows of a ``(rows, ...)`` global batch that this process's devices hold.
 
   A multi-host input pipeline reads only these rows and passes them to :func:`shard_rows`
-  with ``local=True``. Devices of one process must be contiguous along ``axis_name`` (as in
-  ``jax.make_mesh`` over ``jax.devices()``, which lists them process by process).
+  with ``local=True``. ``axis_name`` is the axis the rows are split over, or a tuple of axes
+  (an island axis, then the data axis inside it; the first the major one). Devices of one
+  process must be contiguous along it (as in ``jax.make_mesh`` over ``jax.devices()``, which
+  lists them process by process).
   """
-  size = mesh.shape[axis_name]
+  axes = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+  size = math.prod(mesh.shape[a] for a in axes)
   if rows % size:
-    raise ValueError(f"batch rows ({rows}) must be a multiple of the '{axis_name}' axis size "
+    raise ValueError(f"batch rows ({rows}) must be a multiple of the {axis_name!r} axis size "
                      f"({size}).")
-  axis = mesh.axis_names.index(axis_name)
-  devices = np.moveaxis(mesh.devices, axis, 0).reshape(size, -1)
+  where = [mesh.axis_names.index(a) for a in axes]
+  devices = np.moveaxis(mesh.devices, where, list(range(len(where)))).reshape(size, -1)
   mine = [i for i in range(size) if devices[i, 0].process_index == jax.process_index()]
   if not mine or mine != list(range(mine[0], mine[-1] + 1)):
     raise ValueError(f"process {jax.process_index()}'s devices are not contiguous along "
@@ -35,13 +41,14 @@ def process_rows(rows: int, mesh: jax.sharding.Mesh, axis_name: str = "data") ->
   return slice(mine[0] * per, (mine[-1] + 1) * per)
 
 
-def shard_rows(tree, mesh: jax.sharding.Mesh, axis_name: str = "data", *, local: bool = False):
+def shard_rows(tree, mesh: jax.sharding.Mesh, axis_name: str | tuple[str, ...] = "data", *,
+               local: bool = False):
   """Puts host arrays on the mesh, split over ``axis_name`` along their first axis.
 
   Args:
     tree: arrays with a leading row axis.
     mesh: the mesh.
-    axis_name: the axis the rows are split over.
+    axis_name: the axis the rows are split over (or a tuple of axes, the first the major).
     local: the arrays hold only this process's rows (:func:`process_rows`), as a multi-host
       pipeline reads them; otherwise every process passes the whole arrays and each supplies
       the rows of its own devices.

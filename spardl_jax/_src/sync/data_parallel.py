@@ -25,7 +25,7 @@ from spardl_jax._src.sync.placement import ParamLayout, device_spec, holds, stat
 from spardl_jax._src.sync.moves import gradient_point
 from spardl_jax._src.sync.specs import (check_axis, check_leaf_specs, leaf_specs, local_shape,
                                    restrict, specs_shown, use_param_specs)
-from spardl_jax._src.sync.sync_state import SyncState
+from spardl_jax._src.sync.sync_state import SyncState, states_in
 
 __all__ = ['opt_state_specs', 'opt_state_shardings', 'init_opt_state', 'data_parallel_step',
            'sync_state_filter']
@@ -71,7 +71,7 @@ def _check_every_leaf_synced(state, params) -> None:
            if isinstance(node, SyncState)]
   if not syncs:
     return
-  seen = sum(len(sync.leaves.shapes) for sync in syncs)
+  seen = sum(len(sync.built_for.shapes) for sync in syncs)
   floats = synced_leaves(params)
   if seen < len(floats):
     raise ValueError(
@@ -346,11 +346,14 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
   built, tx = tx, optax.with_extra_args_support(tx)
 
   def local(params, opt_state, batch, param_specs):
-    if local_axis is not None and holds(opt_state, PER_REPLICA):
+    if (local_axis is not None and holds(opt_state, PER_REPLICA) and not any(
+        s.built_for.axes == (local_axis,) for s in states_in(opt_state, SyncState))):
       raise ValueError(f"data_parallel_step: the optimizer state keeps a replica per device "
                        f"of {axis_name!r} (an outer loop, spardl_jax.diloco); with local_axis="
                        f"{local_axis!r} the devices of a host would drift apart. Drop "
-                       f"local_axis.")
+                       f"local_axis, or make each host an island: give the outer loop's "
+                       f"inner optimizer a sync over {local_axis!r} "
+                       f"(sj.sync_gradients('dense', axis_name={local_axis!r})).")
     with use_param_specs(param_specs):  # the layout, for a look-ahead's sync (as tx.update)
       at = gradient_point(built, opt_state, params)  # a replica, a look-ahead; else params
     out, grads = jax.value_and_grad(_checked_loss(loss_fn, has_aux), has_aux=has_aux)(

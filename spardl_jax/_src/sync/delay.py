@@ -22,7 +22,7 @@ from spardl_jax._src.sync import registry
 from spardl_jax._src.sync.plan import SyncPlan, on_device
 from spardl_jax._src.sync.sync_state import Pending, SyncState
 
-__all__ = ['UNORDERED_COLLECTIVES', 'waits_for_gradient', 'message_size', 'fresh_pending',
+__all__ = ['UNORDERED_COLLECTIVES', 'waits_for_gradient', 'after', 'message_size', 'fresh_pending',
            'held_message', 'hold', 'predicted_local']
 
 # Runtimes that may start a step's independent collectives in a different order on each
@@ -30,7 +30,7 @@ __all__ = ['UNORDERED_COLLECTIVES', 'waits_for_gradient', 'message_size', 'fresh
 # each collective blocks its device until all have joined: with the sync independent of the
 # step, three devices entered SparDL's first permute while five entered the loss's all-reduce
 # and the step hung (a character GPT, 8 simulated devices, the AdamW recipe). There a delayed
-# sync's message waits for this step's gradient (:func:`_after`), so its collectives come
+# sync's message waits for this step's gradient (:func:`after`), so its collectives come
 # in the undelayed order: the books are the same, the transfer is not hidden. GPUs and TPUs
 # run every device's collectives in the one compiled order.
 UNORDERED_COLLECTIVES = ("cpu",)
@@ -41,7 +41,7 @@ def waits_for_gradient() -> bool:
   return jax.default_backend() in UNORDERED_COLLECTIVES
 
 
-def _after(message, floats):
+def after(message, floats):
   """``message`` itself, made to depend on every float leaf of this step's gradient: a select
   on a predicate that is always true (a count of finite entries is never negative) but that
   the compiler cannot prove, so it stays (an optimization barrier does not: XLA:CPU removes
@@ -79,7 +79,7 @@ def held_message(plan: SyncPlan, state: SyncState, floats: list) -> tuple[jax.Ar
   assert state.pending is not None  # SyncPlan.local checked the state has one
   message = on_device(state.pending.message)
   if waits_for_gradient():
-    message = _after(message, floats)
+    message = after(message, floats)
   return _unpack(plan, message)
 
 

@@ -26,6 +26,8 @@ carries (:func:`is_synced`) and the rest of the tree <-> vector mapping are the 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import NamedTuple
 
@@ -37,7 +39,8 @@ from spardl_jax._src.core import flat as flat_vector
 from spardl_jax._src.core.allreduce import axis_size, bound_axes
 from spardl_jax._src.sync.specs import axes_of
 
-__all__ = ['SliceGroup', 'Packing', 'free_axes', 'columns', 'is_synced', 'synced_leaves']
+__all__ = ['SliceGroup', 'Packing', 'free_axes', 'columns', 'is_synced', 'synced_leaves',
+           'replicas_over', 'replica_axes']
 
 
 def is_synced(x) -> bool:
@@ -73,13 +76,37 @@ def free_axes(axis_name: str) -> tuple[str, ...]:
   return tuple(a for a in mesh.axis_names if a not in manual)
 
 
+_REPLICAS: contextvars.ContextVar = contextvars.ContextVar("spardl_jax.replicas_over",
+                                                           default=())
+
+
+@contextlib.contextmanager
+def replicas_over(*axes: str):
+  """A tracing context: the mesh ``axes`` hold independent replicas (an outer loop's
+  islands), which a sync traced inside it leaves alone. An island's own sync then reduces
+  over the island's data axis only, and nothing it sends, gathers or agrees on crosses the
+  replicas' axis (it is no column axis of :func:`columns`)."""
+  token = _REPLICAS.set(tuple(dict.fromkeys((*_REPLICAS.get(), *axes))))
+  try:
+    yield
+  finally:
+    _REPLICAS.reset(token)
+
+
+def replica_axes() -> tuple[str, ...]:
+  """The axes of the innermost :func:`replicas_over`, or ``()``."""
+  return _REPLICAS.get()
+
+
 def columns(data_axes: tuple[str, ...]) -> dict[str, int]:
-  """The bound mesh axes of size > 1 besides ``data_axes``, with their sizes: the axes whose
-  positions make a column of the data axis (empty on a one-axis mesh)."""
+  """The bound mesh axes of size > 1 besides ``data_axes`` and :func:`replica_axes`, with
+  their sizes: the axes whose positions make a column of the data axis (empty on a one-axis
+  mesh)."""
   mesh = jax.sharding.get_abstract_mesh()
   bound = set(bound_axes())
+  apart = set(data_axes) | set(replica_axes())
   return {a: mesh.shape[a] for a in mesh.axis_names
-          if a in bound and a not in data_axes and mesh.shape[a] > 1}
+          if a in bound and a not in apart and mesh.shape[a] > 1}
 
 
 class Packing(NamedTuple):

@@ -104,9 +104,12 @@ def places(tree, *, params: ParamLayout | None = None, rows: PartitionSpec | Non
                           for field, child in zip(declared, node)))
     if where == PER_REPLICA:  # laid out as the leaves would be alone, under the replica axis
       alone = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), node)
-      return jax.tree.map(lambda place: Place(PER_REPLICA, place.fold, place.spec),
+      # A state that declares its own rows per device (an island's sync) keeps them.
+      return jax.tree.map(lambda place: place if place.where == PER_DEVICE
+                          else Place(PER_REPLICA, place.fold, place.spec),
                           walk(alone, None, rule), is_leaf=_is_place)
-    if where == LIKE_PARAMS and params is not None and not params.matches(node):
+    if (where == LIKE_PARAMS and params is not None and jax.tree.leaves(node)
+        and not params.matches(node)):  # an empty field (None) holds nothing to lay out
       raise ValueError(f"spardl_jax: a state field declared like the parameters holds "
                        f"{jax.tree.structure(node)} with shapes "
                        f"{[tuple(x.shape) for x in jax.tree.leaves(node)]}, not the "

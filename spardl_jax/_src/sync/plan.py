@@ -25,7 +25,7 @@ from spardl_jax._src.sync import levels as levels_
 from spardl_jax._src.sync.packing import Packing, columns, is_synced
 from spardl_jax._src.sync.settings import SyncOptions
 from spardl_jax._src.sync.specs import leaf_specs
-from spardl_jax._src.sync.sync_state import LeafShapes, SyncState
+from spardl_jax._src.sync.sync_state import BuiltFor, SyncState
 
 __all__ = ['GivenSpecs', 'NO_SPECS', 'SyncPlan', 'on_device', 'as_rows']
 
@@ -105,9 +105,10 @@ class SyncPlan(NamedTuple):
                jnp.result_type(*(x.dtype for x in floats)), packing, bound, p)
 
   @property
-  def shapes(self) -> LeafShapes:
-    """The float leaves' shapes, as a :class:`SyncState` records them."""
-    return LeafShapes(tuple(x.shape for x in self.floats))
+  def built_for(self) -> BuiltFor:
+    """What a :class:`SyncState` of this plan records: the float leaves' shapes and the
+    axes the sync reduces over."""
+    return BuiltFor(tuple(x.shape for x in self.floats), self.options.data_axes)
 
   @property
   def n(self) -> int:
@@ -218,10 +219,15 @@ class SyncPlan(NamedTuple):
     if (state.pending is None) != (options.delay == 0):
       raise ValueError(f"sync_gradients: the state was initialized with another delay (this "
                        f"sync has delay={options.delay}); init with this transformation.")
-    if state.leaves != self.shapes:
+    if state.built_for.shapes != self.built_for.shapes:
       raise ValueError(f"sync_gradients: the gradients' float leaves have the shapes "
-                       f"{self.shapes.shapes}, but the state was built for "
-                       f"{state.leaves.shapes}; init with the same params (and param_specs).")
+                       f"{self.built_for.shapes}, but the state was built for "
+                       f"{state.built_for.shapes}; init with the same params (and "
+                       f"param_specs).")
+    if state.built_for != self.built_for:
+      raise ValueError(f"sync_gradients: the state was built for a sync over "
+                       f"{state.built_for.axes}, this one reduces over "
+                       f"{self.built_for.axes}; init with this transformation.")
     local = on_device(state.method_state)
     expected = jax.eval_shape(self.fresh)
     # jaxlib ships PyTreeDef.__eq__ but no stub for it: the checker cannot see it.

@@ -35,6 +35,7 @@ from spardl_jax._src.core import nonfinite as nonfinite_policy
 from spardl_jax._src.core import protocol
 from spardl_jax._src.core.allreduce import bound_axes
 from spardl_jax._src.sync import delay, levels
+from spardl_jax._src.sync.packing import replica_axes
 from spardl_jax._src.sync.plan import SyncPlan, as_rows, on_device
 from spardl_jax._src.sync.sync_state import SyncState, SyncStats
 
@@ -159,7 +160,7 @@ def agree_on_nonfinite(plan: SyncPlan, local: Local, run: LevelRun, mean, old_ve
                                     options.axis_name)
   if mean is not None:  # the same on every device
     bad |= ~jnp.all(jnp.isfinite(mean))
-  others = tuple(a for a in bound_axes() if a != options.axis_name)
+  others = tuple(a for a in bound_axes() if a != options.axis_name and a not in replica_axes())
   if others:  # every column skips, or none: a step is never applied to some shards only
     bad = jax.lax.pmax(bad.astype(jnp.int32), others) > 0
   if velocity is not None and options.momentum_masking:
@@ -227,7 +228,7 @@ def update_local(plan: SyncPlan, updates, state, next_message=None, extra_bytes=
   new_state = SyncState(as_rows(agreed.run.state),
                         None if agreed.velocity is None else as_rows(agreed.velocity),
                         state.count + 1, next_stats(plan, agreed, state.stats, extra_bytes),
-                        state.leaves, state.pending)
+                        state.built_for, state.pending)
   kept_means = [] if agreed.mean is None else flat_vector.split(agreed.mean, plan.kept)
   synced = plan.leaves(agreed.run.y, kept_means)
   if options.delay:
@@ -261,4 +262,4 @@ def init_local(plan: SyncPlan, lead: int) -> SyncState:
   velocity = None if options.momentum is None else jnp.zeros((lead, plan.n), plan.dtype)
   pending = delay.fresh_pending(plan, lead) if options.delay else None
   return SyncState(jax.tree.map(rows, fresh), velocity, jnp.zeros((lead,), jnp.int32),
-                   SyncStats.zeros(lead), plan.shapes, pending)
+                   SyncStats.zeros(lead), plan.built_for, pending)

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec
 from spardl_jax._src.core import protocol
 from spardl_jax._src.core.protocol import MEAN, PER_DEVICE, REPLICATED, SAME, SUM, Field
 
-__all__ = ['SyncStats', 'SyncState', 'Pending', 'LeafShapes', 'states_in',
+__all__ = ['SyncStats', 'SyncState', 'Pending', 'BuiltFor', 'states_in',
            'check_sync_alone', 'sync_stats']
 
 
@@ -59,13 +59,16 @@ class SyncStats(NamedTuple):
 
 @jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
-class LeafShapes:
-  """The shapes of the float leaves a :class:`SyncState` was built for, in flattening order:
-  part of the state's pytree structure (no array), so gradients of another structure with
-  the same total size, whose entries would silently meet other leaves' residuals, are
-  refused at trace time. Nothing is stored in a checkpoint for it."""
+class BuiltFor:
+  """What a :class:`SyncState` was built for: the ``shapes`` of its float leaves, in
+  flattening order, and the mesh ``axes`` the sync reduces over. Part of the state's pytree
+  structure (no array): gradients of another structure with the same total size, whose
+  entries would silently meet other leaves' residuals, are refused at trace time, and
+  :func:`sync_stats` finds the syncs over an axis by it. Nothing is stored in a checkpoint
+  for it."""
 
   shapes: tuple[tuple[int, ...], ...]
+  axes: tuple[str, ...] = ()
 
 
 @protocol.layout(message=Field(fold=MEAN), held=Field(fold=SAME))
@@ -100,7 +103,7 @@ class SyncState(NamedTuple):
       gradient mass, and a restore onto another device count folds it the same way.
     count: ``(1,)`` int32, the syncs so far (the same on every device); it picks the level.
     stats: :class:`SyncStats` of the last update.
-    leaves: the :class:`LeafShapes` the state was built for (no array).
+    built_for: the :class:`BuiltFor` the state was built for (no array).
     pending: the :class:`Pending` message of a delayed sync (``delay=1``); None otherwise.
   """
 
@@ -108,7 +111,7 @@ class SyncState(NamedTuple):
   velocity: jax.Array | None
   count: jax.Array  # type: ignore[assignment]  # a field named count shadows tuple.count
   stats: SyncStats
-  leaves: LeafShapes
+  built_for: BuiltFor
   pending: Pending | None = None
 
   def idle(self) -> SyncState:
@@ -134,37 +137,42 @@ def check_sync_alone(state, who: str, what: str) -> None:
                      f"spardl_jax.sync_gradients), not a chain; it {what}.")
 
 
-def sync_stats(opt_state, *, by_part: bool = False):
+def sync_stats(opt_state, *, by_part: bool = False, axis: str | None = None):
   """The :class:`SyncStats` inside an optimizer state (e.g. of an ``optax.chain``), each
   field a plain array (a Flax NNX optimizer's state holds each leaf in a variable: its
   value is returned).
 
   A state with several syncs (``optax.multi_transform`` with a sparse sync on the matrices
-  and a dense one on the biases, say) is read with ``by_part=True``: a dict from each sync's
+  and a dense one on the biases, an outer loop over islands with a sync inside each island,
+  a fragmented outer loop's syncs) is read with ``by_part=True``: a dict from each sync's
   path in the state (``inner_states['matrices'].inner_state[0]``, the label inside) to its
-  statistics; a step's bytes are the sum of the parts' ``bytes_sent``.
+  statistics; a step's bytes are the sum of the parts' ``bytes_sent``. ``axis`` keeps only
+  the syncs that reduce over that mesh axis: the bytes over one link (an island axis'
+  ``sum(s.bytes_sent for s in sync_stats(state, by_part=True, axis="island").values())``).
 
   Raises:
-    ValueError: if the state holds no :class:`SyncState`, or several without ``by_part``.
+    ValueError: if the state holds no :class:`SyncState` (over ``axis``), or several
+      without ``by_part``.
   """
   flat = jax.tree_util.tree_flatten_with_path(
       opt_state, is_leaf=lambda x: isinstance(x, SyncState))[0]
   found = [(jax.tree_util.keystr(path), node) for path, node in flat
-           if isinstance(node, SyncState)]
+           if isinstance(node, SyncState) and (axis is None or axis in node.built_for.axes)]
+  over = "" if axis is None else f" over {axis!r}"
 
   def plain(state):
     return SyncStats(*(jax.tree.leaves(field)[0] for field in state.stats))
 
   if by_part:
     if not found:
-      raise ValueError("sync_stats: the optimizer state holds no SyncState (no gradient "
-                       "sync in this optimizer?).")
+      raise ValueError(f"sync_stats: the optimizer state holds no SyncState{over} (no "
+                       f"gradient sync in this optimizer?).")
     return {path: plain(state) for path, state in found}
   if len(found) != 1:
     where = "" if not found else (f" (at {', '.join(path for path, _ in found)}); read each "
                                   f"with sync_stats(opt_state, by_part=True)")
-    raise ValueError(f"sync_stats: expected one SyncState in the optimizer state, found "
-                     f"{len(found)}{where}.")
+    raise ValueError(f"sync_stats: expected one SyncState{over} in the optimizer state, "
+                     f"found {len(found)}{where}.")
   return plain(found[0][1])
 
 
