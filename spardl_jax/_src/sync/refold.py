@@ -188,7 +188,9 @@ def refold(saved, like, *, metadata=None):
     else:
       raise RefoldError(
           f"refold: leaf {path} has shape {shape} saved and {like_leaf.shape} here; only a "
-          f"per-device leaf's leading (device) axis may differ (another model size?).")
+          f"per-device leaf's leading (device) axis may differ: another model size, or "
+          f"another size of the groups whose devices each hold a slice of it (the devices of "
+          f"an island; only the island count may change).")
   folded = [None if rule is None else _fold(
       rule, np.asarray(leaf), like_leaf, path,
       _saved_columns(getattr(recorded.get(path, leaf), "sharding", None)))

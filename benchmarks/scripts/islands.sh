@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The islands case of benchmarks/results/islands.md: nanoGPT's baby GPT and recipe
+# (shakespeare_nanogpt, AdamW inside, 8 simulated CPU devices in one process) as M islands of
+# 8/M devices (python -m train --islands M), at a 600-step horizon (the cosine ending there)
+# and at nanoGPT's 2,000. Each part writes its runs under $R and skips a folder that holds
+# its metrics already, so a long sequence keeps what finished.
+#   islands.sh step      the outer step (Nesterov lr, momentum) and H on seed 0, 600 steps
+#   islands.sh compress  the outer syncs at the chosen step, seed 0, 600 steps
+#   islands.sh finals    the finalists on three seeds at 600 and 2,000 steps
+#   islands.sh count     4 and 8 islands at 600 steps
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+R=${R:-benchmarks/results/islands}
+NANOGPT="--model nanogpt --dataset shakespeare --batch-size 96 --seq-len 64 --steps-per-epoch 100
+  --eval-steps 20 --optimizer adamw --lr 1e-3 --lr-schedule cosine --lr-warmup 100 --lr-final 0.1
+  --adam-b2 0.99 --weight-decay 0.1 --weight-decay-on matrices --grad-clip 1.0 --devices 8"
+run() {  # out, then python -m train flags
+  local out=$R/$1; shift
+  [ -f "$out/metrics.json" ] || python -m train $NANOGPT --no-progress --out "$out" "$@"
+}
+DILOCO="outer_lr=0.7:outer_momentum=0.9"
+case "${1:-}" in
+  step)
+    run step_h30_600/s0 --epochs 6 --islands 2 --seed 0 --compare "dense,\
+dense:outer=30:$DILOCO,dense:outer=30:outer_lr=0.4:outer_momentum=0.9,\
+dense:outer=30:outer_lr=1:outer_momentum=0.5,dense:outer=30:outer_lr=1:outer_momentum=0"
+    run h_600/s0 --epochs 6 --islands 2 --seed 0 --compare "dense:outer=10:$DILOCO,\
+dense:outer=100:$DILOCO"
+    ;;
+  *) echo "usage: islands.sh step|compress|finals|count" >&2; exit 2 ;;
+esac
