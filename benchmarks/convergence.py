@@ -304,6 +304,10 @@ def _parse_args(argv):
   p.add_argument("--devices", type=POSITIVE_INT, default=8,
                  help="simulated devices of the cases without a mesh of their own; must "
                       "divide their batch size")
+  p.add_argument("--islands", type=POSITIVE_INT, default=1,
+                 help="M islands of the devices (python -m train's --islands): every step's "
+                      "sync dense inside an island and the method across, an outer loop's "
+                      "replicas the islands (default 1: none)")
   p.add_argument("--epochs", type=POSITIVE_INT, default=None,
                  help="every case's epochs (default: each case's own; less for a quick look)")
   p.add_argument("--steps-per-epoch", type=POSITIVE_INT, default=None,
@@ -765,14 +769,15 @@ def run(args) -> int:
                            train_and_evaluate)
 
   simulate_devices(max([args.devices, *(_devices(CASES[c], args) for c in args.cases)]))
-  meshes = {c: make_mesh(None if CASES[c].mesh else args.devices, axes=CASES[c].mesh)
-            for c in args.cases}
+  meshes = {c: make_mesh(None if CASES[c].mesh else args.devices, axes=CASES[c].mesh,
+                         islands=args.islands) for c in args.cases}
   datasets: dict = {}  # (case, seed) -> dataset: loaded once, shared by the variants
 
   def job(case, key, seed):
     """The run's config, dataset, steps per epoch and variant (None: nothing to run)."""
     # Each variant's tuning is explicit: no recipe defaults on top.
     cfg = dataclasses.replace(CASES[case], devices=meshes[case].size, seed=seed, recipe="paper",
+                              islands=args.islands,
                               **{k: v for k, v in (("epochs", args.epochs),
                                                    ("steps_per_epoch", args.steps_per_epoch))
                                  if v is not None})

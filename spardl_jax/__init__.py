@@ -29,7 +29,7 @@ from spardl_jax._src.recipes.synced_adam import synced_adamw
 from spardl_jax._src.sync.data_parallel import (data_parallel_step, init_opt_state,
                                                 opt_state_shardings, opt_state_specs,
                                                 sync_state_filter)
-from spardl_jax._src.sync.density import density_rule
+from spardl_jax._src.core.density import density_rule
 from spardl_jax._src.sync.levels import density_warmup
 from spardl_jax._src.sync.moves import gradient_point
 from spardl_jax._src.sync.specs import use_param_specs

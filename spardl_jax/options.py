@@ -8,7 +8,7 @@ and :class:`DensityRule`, the type of a ``density=`` that follows the devices
 
 from spardl_jax._src.core.config import RESIDUAL_MODES, SAG_MODES, WIRE_FORMATS
 from spardl_jax._src.recipes.synced_adam import SECOND_MOMENTS, SENDS
-from spardl_jax._src.sync.density import AUTO, DensityRule
+from spardl_jax._src.core.density import AUTO, DensityRule
 from spardl_jax._src.sync.registry import (MethodSpec, option_parser, parse, parse_density,
                                            parse_teams, split_spec)
 from spardl_jax._src.sync.settings import BALANCES

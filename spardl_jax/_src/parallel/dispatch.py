@@ -87,6 +87,8 @@ def bounded_dispatch(step: Callable[..., Any], *, depth: int = DEPTH) -> Callabl
   def bounded(*args, **kwargs):
     given = {id(x) for x in _arrays((args, kwargs))}
     out = step(*args, **kwargs)
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(out)):
+      return out  # traced inside a jit of the caller's: its dispatch is the caller's
     # What the step made: its outputs, or, for a step that returns nothing and updates the
     # objects it was given (a Flax NNX train step), the new arrays those hold now.
     made = _arrays(out) or [x for x in _arrays((args, kwargs)) if id(x) not in given]

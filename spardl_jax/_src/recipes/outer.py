@@ -284,39 +284,54 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
   _check(every, fragments, overlap, inner, sync, outer)
   options = built_with(sync)
   assert options is not None  # _check
-  axis = options.axis_name  # the replicas' axis
-  period = Period(every, fragments, overlap)
-  turns = jnp.asarray([(f + 1) * every // fragments % every for f in range(fragments)])
-  sync = optax.with_extra_args_support(sync)  # it takes the sync's param_specs
-  inner = optax.with_extra_args_support(inner)
+  loop = _OuterLoop(optax.with_extra_args_support(inner), optax.with_extra_args_support(sync),
+                    outer, options, Period(every, fragments, overlap))
+  return optax.GradientTransformationExtraArgs(loop.init, loop.update)
 
-  def inner_syncs(inner_state) -> list:
+
+class _OuterLoop(NamedTuple):
+  """One :func:`diloco` as built: its transformations (the inner optimizer and the sync
+  taking extra arguments), the sync's validated options and the :class:`Period`."""
+
+  inner: Any
+  sync: Any
+  outer: Any
+  options: Any
+  period: Period
+
+  @property
+  def axis(self) -> str:
+    """The replicas' axis: the outer sync's."""
+    return self.options.axis_name
+
+  def inner_syncs(self, inner_state) -> list:
+    """The islands' own syncs inside ``inner_state`` (none for replicas of one device); a
+    clear error for one over the replicas' axis."""
     found = states_in(inner_state, SyncState)
-    same = [s for s in found if axis in s.built_for.axes]
-    if same:
-      raise ValueError(f"diloco: inner holds a gradient sync over {axis!r}, the axis the "
+    if any(self.axis in s.built_for.axes for s in found):
+      raise ValueError(f"diloco: inner holds a gradient sync over {self.axis!r}, the axis the "
                        f"outer sync averages the replicas over; the inner steps run on each "
                        f"replica alone. Pass that sync as sync=, the optimizer alone as "
                        f"inner=, or give inner a sync over an island's own data axis.")
     return found
 
-  def init_fn(params):
+  def init(self, params):
+    fragments, overlap = self.period.fragments, self.period.overlap
     parts = _fragment_leaves(params, fragments)
-    with replicas_over(axis):  # an island's sync leaves the replicas' axis alone
-      inner_state = inner.init(params)
-    islands = inner_syncs(inner_state)
-    specs = _outer_specs(context_specs(), params, options, islands)
+    with replicas_over(self.axis):  # an island's sync leaves the replicas' axis alone
+      inner_state = self.inner.init(params)
+    islands = self.inner_syncs(inner_state)
+    specs = _outer_specs(context_specs(), params, self.options, islands)
     sync_states = []
     for leaves in parts:
       with use_param_specs(None if specs is None else _take(specs, leaves)), \
-          _whole(options, islands):
-        sync_states.append(sync.init(_take(params, leaves)))
-    outer_states = [outer.init(_take(params, leaves)) for leaves in parts]
-    for s in sync_states:
-      if not _is_sync(s):
-        raise ValueError("diloco: sync must be a gradient sync (spardl_jax.spardl, "
-                         "spardl_jax.sync_gradients), not a chain; it averages the "
-                         "pseudo-gradient over the replicas' axis.")
+          _whole(self.options, islands):
+        sync_states.append(self.sync.init(_take(params, leaves)))
+    if not all(_is_sync(s) for s in sync_states):
+      raise ValueError("diloco: sync must be a gradient sync (spardl_jax.spardl, "
+                       "spardl_jax.sync_gradients), not a chain; it averages the "
+                       "pseudo-gradient over the replicas' axis.")
+    outer_states = [self.outer.init(_take(params, leaves)) for leaves in parts]
     lead = sync_states[0].count.shape[0]  # 1 inside shard_map, P outside
     offset = jax.tree.map(lambda p: jnp.zeros((lead, *jnp.shape(p)), jnp.result_type(p)),
                           params)
@@ -324,33 +339,47 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
     state = DiLoCoState(
         jnp.zeros((), jnp.int32), offset, _replica_rows(inner_state, lead),
         sync_states[0] if one else tuple(sync_states),
-        outer_states[0] if one else tuple(outer_states), period,
+        outer_states[0] if one else tuple(outer_states), self.period,
         *((jax.tree.map(jnp.zeros_like, offset), jax.tree.map(jnp.zeros_like, params))
           if overlap else ()))
     return state if lead == 1 else _placed_like_the_sync(state, params)
 
-  def update_fn(grads, state, params=None, *, batch_axes=None, **extra_args):
+  def update(self, grads, state, params=None, *, batch_axes=None, **extra_args):
     if not isinstance(state, DiLoCoState):
       raise TypeError(f"diloco: state must be the DiLoCoState from init, got "
                       f"{type(state).__name__}.")
-    if state.period != period:
+    if state.period != self.period:
       raise ValueError(f"diloco: the state was built for {state.period}, this step has "
-                       f"{period}; init with the same diloco.")
+                       f"{self.period}; init with the same diloco.")
     if params is None:
       raise ValueError("diloco: update needs params (the global parameters): "
                        "tx.update(grads, state, params).")
-    islands = inner_syncs(state.inner)
-    _check_batch_axes(batch_axes, options.data_axes, islands)
-    parts = _fragment_leaves(params, fragments)
+    islands = self.inner_syncs(state.inner)
+    _check_batch_axes(batch_axes, self.options.data_axes, islands)
+    offset, new_inner = self.inner_step(grads, state, params, islands, extra_args)
+    extra_args["param_specs"] = _outer_specs(extra_args.get("param_specs"), params,
+                                             self.options, islands)
+    rounds = _Rounds(self.sync, self.outer, _fragment_leaves(params, self.period.fragments),
+                     params, extra_args, grads, lambda: _whole(self.options, islands))
+    update, offset, syncs, outers, held, arrived = rounds.step(state, offset)
+    one = self.period.fragments == 1
+    return update, DiLoCoState(
+        state.count + 1, _replica_rows(offset, 1), _replica_rows(new_inner, 1),
+        syncs[0] if one else syncs, outers[0] if one else outers, state.period, held, arrived)
+
+  def inner_step(self, grads, state, params, islands: list, extra_args):
+    """This replica's inner step: ``(offset, inner state)`` after it, both as they were
+    where the replica skips it (an island's syncs agreed on it, every device of the island
+    alike; a replica of one device decides alone, with no collective around)."""
     offset, inner_state = _replica_local(state.offset), _replica_local(state.inner)
-    local = optax.apply_updates(params, offset)
-    with replicas_over(axis):
-      step, new_inner = inner.update(grads, inner_state, local, **extra_args)
-    if islands:  # the island's syncs agreed on it: every device of the island alike
+    with replicas_over(self.axis):
+      step, new_inner = self.inner.update(grads, inner_state, optax.apply_updates(
+          params, offset), **extra_args)
+    if islands:
       finite = ~jnp.any(jnp.asarray([jnp.any(new.stats.nonfinite != old.stats.nonfinite)
                                      for new, old in zip(states_in(new_inner, SyncState),
                                                          islands)]))
-    else:  # a replica of one device decides alone
+    else:
       finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)
                                     if jnp.issubdtype(g.dtype, jnp.inexact)]))
     # A skipped inner step keeps the inner state, but what its syncs counted.
@@ -359,32 +388,7 @@ def diloco(inner: optax.GradientTransformation, sync: optax.GradientTransformati
                              is_leaf=_is_sync)
     offset = jax.tree.map(lambda o, s: jnp.where(finite, o + s, o).astype(o.dtype), offset,
                           step)
-    syncs = (state.sync,) if fragments == 1 else state.sync
-    outers = (state.outer,) if fragments == 1 else state.outer
-    extra_args["param_specs"] = _outer_specs(extra_args.get("param_specs"), params, options,
-                                             islands)
-    rounds = _Rounds(sync, outer, parts, params, extra_args, grads,
-                     lambda: _whole(options, islands))
-    s = state.count + 1
-    phase = (s - turns) % every  # each fragment's steps since its turn
-    update = jax.tree.map(jnp.zeros_like, params)
-    held, arrived = state.held, state.arrived
-    if not overlap:
-      update, offset, syncs, outers = rounds.now(_index(phase == 0, fragments), update,
-                                                 offset, syncs, outers)
-    else:
-      held, arrived = _replica_local(held), arrived
-      held = rounds.hold(_index(phase == 0, fragments), held, offset)
-      arrived, syncs = rounds.send(_index(phase == 1, fragments), held, arrived, syncs)
-      update, offset, held, outers = rounds.land(_index(phase == overlap, fragments), update,
-                                                 offset, held, arrived, outers)
-      held = _replica_rows(held, 1)
-    return update, DiLoCoState(
-        s, _replica_rows(offset, 1), _replica_rows(new_inner, 1),
-        syncs[0] if fragments == 1 else syncs, outers[0] if fragments == 1 else outers,
-        state.period, held, arrived)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return offset, new_inner
 
 
 def _outer_specs(given, params, options, islands: list):
@@ -444,6 +448,27 @@ class _Rounds(NamedTuple):
   extra_args: dict
   grads: Any
   whole: Any  # () -> the context the outer sync runs in (_whole)
+
+  def step(self, state: DiLoCoState, offset):
+    """The outer part of a step after the inner one moved ``offset``: ``(update, offset,
+    syncs, outers, held, arrived)``, the syncs and outer states as tuples (one a
+    fragment)."""
+    period = state.period
+    every, fragments, overlap = period.every, period.fragments, period.overlap
+    syncs = (state.sync,) if fragments == 1 else state.sync
+    outers = (state.outer,) if fragments == 1 else state.outer
+    turns = jnp.asarray([(f + 1) * every // fragments % every for f in range(fragments)])
+    phase = (state.count + 1 - turns) % every  # each fragment's steps since its turn
+    update = jax.tree.map(jnp.zeros_like, self.params)
+    if not overlap:
+      update, offset, syncs, outers = self.now(_index(phase == 0, fragments), update, offset,
+                                               syncs, outers)
+      return update, offset, syncs, outers, None, None
+    held = self.hold(_index(phase == 0, fragments), _replica_local(state.held), offset)
+    arrived, syncs = self.send(_index(phase == 1, fragments), held, state.arrived, syncs)
+    update, offset, held, outers = self.land(_index(phase == overlap, fragments), update,
+                                             offset, held, arrived, outers)
+    return update, offset, syncs, outers, _replica_rows(held, 1), arrived
 
   def _switch(self, i, branch, *args):
     return jax.lax.switch(i, [lambda *a, f=f: branch(f, *a) for f in range(len(self.parts))]

@@ -5,5 +5,5 @@
 (:mod:`.entries`), the stages (:mod:`.stages`, :mod:`.levels`) and a delayed sync's pieces
 (:mod:`.delay`), the state (:mod:`.sync_state`) and where state lives on the mesh
 (:mod:`.placement`, :mod:`.data_parallel`), where parameter specs come from
-(:mod:`.specs`), where a device takes its gradient (:mod:`.moves`), the density rule
-(:mod:`.density`) and a restore onto another device count (:mod:`.refold`)."""
+(:mod:`.specs`), where a device takes its gradient (:mod:`.moves`) and a restore onto another
+device count (:mod:`.refold`)."""

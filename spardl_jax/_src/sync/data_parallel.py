@@ -20,6 +20,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from spardl_jax._src.core.protocol import PER_REPLICA
+from spardl_jax._src.parallel.dispatch import bounded_dispatch
 from spardl_jax._src.sync.packing import synced_leaves
 from spardl_jax._src.sync.placement import ParamLayout, device_spec, holds, state_specs
 from spardl_jax._src.sync.moves import gradient_point
@@ -321,7 +322,9 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
     (the global batch's), other float leaves are means and integer or boolean ones sums
     (counts) over the data axis. A loss that is not a float scalar, or an aux that is not
     arrays or numbers, is refused when the step is traced.
-    ``opt_state`` comes from :func:`init_opt_state`.
+    ``opt_state`` comes from :func:`init_opt_state`. On several CPU devices of one process
+    (simulated devices) the step bounds how far a loop dispatches ahead itself
+    (:func:`spardl_jax.bounded_dispatch`), so a plain Python loop over it needs nothing else.
 
   Example:
 
@@ -406,6 +409,8 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
         raise
       raise rule from None
 
-  step = functools.partial(call, jitted)
+  # On simulated CPU devices a loop that never waits can deadlock XLA:CPU's launches: the
+  # step bounds its own dispatch there (and waits for nothing elsewhere).
+  step = bounded_dispatch(functools.partial(call, jitted))
   step.lower = functools.partial(call, jitted.lower)  # type: ignore[attr-defined]  # for the HLO
   return step

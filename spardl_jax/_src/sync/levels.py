@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from spardl_jax._src.core.config import check_number
 from spardl_jax._src.core.protocol import AllReduce
 from spardl_jax._src.sync import registry as methods
-from spardl_jax._src.sync.density import DensityRule, as_rule
+from spardl_jax._src.core.density import DensityRule, as_rule
 
 __all__ = ['DensitySchedule', 'Level', 'build', 'bind', 'density_warmup']
 
@@ -36,7 +36,7 @@ class Level(NamedTuple):
       then empties (the mass is delivered, none is lost).
     density: the fraction of entries the level keeps (1.0 for dense; for a ``rule``, its
       value at the rule's own ``at`` until :func:`bind` knows the devices).
-    rule: the :class:`~spardl_jax._src.sync.density.DensityRule` the density comes from, or
+    rule: the :class:`~spardl_jax._src.core.density.DensityRule` the density comes from, or
       None for a fixed one.
   """
 

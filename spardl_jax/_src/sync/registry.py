@@ -29,7 +29,7 @@ from spardl_jax._src.core.config import SparDLConfig
 from spardl_jax._src.core.nonfinite import NonFinite, any_device, check_policy, skip_if
 from spardl_jax._src.core.protocol import AllReduce, Cost, FlatVector, register
 from spardl_jax._src.core.topk import default_method as default_selection
-from spardl_jax._src.sync.density import AUTO, at_devices
+from spardl_jax._src.core.density import AUTO, at_devices
 
 __all__ = ['from_config', 'names', 'is_sparse', 'parse_teams', 'parse_density',
            'option_parser', 'split_spec', 'sharded_allreduce',
