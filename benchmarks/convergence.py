@@ -133,9 +133,13 @@ def variants(case: str, steps_per_epoch: int, *, outer: Tuning = OUTER,
   correction = ({"momentum": 0.9, "warmup": steps_per_epoch, "freeze": steps_per_epoch}
                 if adam else {"momentum": 0.9})
   # The AdamW rows recorded as "recipe" ran before the trainer's recipe kept 1-D leaves
-  # dense (2026-11-29): pinned so the key keeps its meaning; vectors_int8_7 is today's recipe.
+  # dense (2026-11-29) and took its warm-up as 1.25 % of the run (2026-12-02; it was a
+  # quarter epoch): pinned so the key keeps its meaning; vectors_int8_7 is today's recipe.
   recipe = recipe_tuning("recommended", optimizer=cfg.optimizer,
-                         steps_per_epoch=steps_per_epoch)._replace(dense_leaves=None)
+                         steps_per_epoch=steps_per_epoch, epochs=cfg.epochs)._replace(
+                             dense_leaves=None)
+  if adam:
+    recipe = recipe._replace(warmup=max(1, round(0.25 * steps_per_epoch)))
   # The Adam(W) recipe's pieces, each alone (benchmarks/results/adam.md): the dense warm-up that trains
   # the second moment, which then stays frozen; the first moment synced in place of the
   # gradient (1-bit Adam); each device's own Adam step synced (an outer loop of H = 1).

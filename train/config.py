@@ -270,7 +270,7 @@ def parse_variants(texts: list[str], *, recipe: Mapping[str, Mapping[str, Any]] 
 # (biases, norm scales) are averaged densely beside the sync.
 RECIPES: dict[str, dict[str, dict[str, float | str]]] = {
     "recommended": {"sgd": {"opt_momentum": 0.5},
-                    "adamw": {"warmup_epochs": 0.25, "synced": "momentum",
+                    "adamw": {"warmup_run": 0.0125, "synced": "momentum",
                               "second_moment": "sent", "dense_leaves": "vectors"},
                     "muon": {}},  # Muon has no recipe around a sync: outer loops only
     "paper": {"sgd": {}, "adamw": {}, "muon": {}},
@@ -285,20 +285,26 @@ RECIPE_OPTIONS: dict[str, dict[str, dict[str, dict[str, Any]]]] = {
     "paper": {"sgd": {}, "adamw": {}, "muon": {}},
 }
 _EPOCH_KEYS = {"warmup_epochs": "warmup", "ramp_epochs": "ramp", "freeze_epochs": "freeze"}
+# Lengths as a fraction of the run's steps: the AdamW recipe's dense warm-up, the one rule
+# sj.synced_adamw's docstring states (1.25 %: nanoGPT's 25 of 2,000 steps).
+_RUN_KEYS = {"warmup_run": "warmup"}
 
 
-def recipe_tuning(name: str, *, optimizer: str, steps_per_epoch: int | None) -> Tuning:
-  """The :class:`Tuning` of recipe ``name`` for ``optimizer``, epochs turned into steps
-  (``steps_per_epoch`` may be None only for a recipe with no lengths)."""
+def recipe_tuning(name: str, *, optimizer: str, steps_per_epoch: int | None,
+                  epochs: int | None = None) -> Tuning:
+  """The :class:`Tuning` of recipe ``name`` for ``optimizer``, lengths in epochs or in
+  fractions of the run turned into steps (at least one; ``steps_per_epoch`` and ``epochs``
+  may be None only for a recipe without such lengths)."""
   if name not in RECIPES:
     raise ValueError(f"--recipe must be one of {sorted(RECIPES)}, got {name!r}.")
   tuning = {}
   for key, value in RECIPES[name][optimizer].items():
-    if key in _EPOCH_KEYS:
-      if steps_per_epoch is None:
-        raise ValueError(f"recipe {name!r} has lengths in epochs ({key}): pass "
-                         f"steps_per_epoch.")
-      tuning[_EPOCH_KEYS[key]] = max(1, round(float(value) * steps_per_epoch))
+    if key in _EPOCH_KEYS or key in _RUN_KEYS:
+      if steps_per_epoch is None or (key in _RUN_KEYS and epochs is None):
+        raise ValueError(f"recipe {name!r} has lengths in steps ({key}): pass "
+                         f"steps_per_epoch" + (" and epochs." if key in _RUN_KEYS else "."))
+      steps = steps_per_epoch * (epochs if key in _RUN_KEYS else 1)
+      tuning[{**_EPOCH_KEYS, **_RUN_KEYS}[key]] = max(1, round(float(value) * steps))
     else:
       tuning[key] = value
   return Tuning(**tuning)

@@ -121,7 +121,8 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
   elif tuning.outer_lr is not None or tuning.outer_momentum is not None:
     raise ValueError("outer_lr and outer_momentum (the outer loop's step) need outer=H "
                      "in the same spec, or --outer-every H.")
-  recipe = recipe_tuning(cfg.recipe, optimizer=cfg.optimizer, steps_per_epoch=steps_per_epoch)
+  recipe = recipe_tuning(cfg.recipe, optimizer=cfg.optimizer, steps_per_epoch=steps_per_epoch,
+                         epochs=cfg.epochs)
   if _sparse(variant.method) and not every:  # the recipe fills in the rest
     if tuning.momentum is not None or tuning.sign:  # a momentum in place of Adam's around
       recipe = recipe._replace(synced=None, second_moment=None)

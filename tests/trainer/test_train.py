@@ -491,15 +491,17 @@ def test_variant_tuning_and_recipes():
   dgc = variant_tuning(TrainConfig(optimizer="adamw"),
                        parse_variant("spardl:momentum=0.9", density=0.01, teams=1, sag="auto",
                                      residuals="global"), steps_per_epoch=8)
-  assert (dgc.synced, dgc.second_moment, dgc.momentum, dgc.warmup) == (None, None, 0.9, 2)
+  # The warm-up, 1.25 % of the run's 30 epochs of 8 steps: 3 steps.
+  assert (dgc.synced, dgc.second_moment, dgc.momentum, dgc.warmup) == (None, None, 0.9, 3)
   mesh = make_mesh(2)
   for recipe in RECIPES:
     for optimizer in ("sgd", "adamw"):
       cfg = TrainConfig(recipe=recipe, optimizer=optimizer)
-      want = recipe_tuning(recipe, optimizer=optimizer, steps_per_epoch=10)
+      want = recipe_tuning(recipe, optimizer=optimizer, steps_per_epoch=10, epochs=cfg.epochs)
       state = sj.init_opt_state(make_optimizer(cfg, SPARDL, steps_per_epoch=10), params, mesh)
       if want.synced:  # Adam around the sync: its first moment is what is synced
-        assert isinstance(state[0], sj.states.ScaleBySyncedAdamState) and want.warmup == 2
+        # 1.25 % of 30 epochs of 10 steps: 4 steps.
+        assert isinstance(state[0], sj.states.ScaleBySyncedAdamState) and want.warmup == 4
         assert state[0].sync.velocity is None
       else:
         assert (state[0].velocity is not None) == (want.momentum is not None)

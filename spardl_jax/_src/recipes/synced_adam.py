@@ -455,9 +455,12 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
   The defaults are the setting measured best on every AdamW case we ran
   (benchmarks/results/adam.md, 2026-11-29): 7 % of the entries, SparDL's 8-bit wire
   (``wire="int8"``, SparDL's default here; pass ``wire=`` to change it) and biases and norm
-  scales averaged densely (``dense_leaves="vectors"``). On nanoGPT's baby GPT it ends 0.7 %
-  above dense AdamW's loss on three seeds at 1/15 of dense's bytes over the run; on models
-  of 24k-4M parameters, whose 1-D leaves weigh more, it sends 1/10-1/11 of them.
+  scales averaged densely (``dense_leaves="vectors"``). On nanoGPT's baby GPT at its
+  2,000-step horizon it ends 0.7 % above dense AdamW's loss on three seeds at 1/15 of dense's
+  bytes over the run; at a 600-step horizon it ends 10 % above (seed 0, 1/15 of the bytes;
+  15 % of the entries: 3.6 % above at 1/8): the sparse sync needs the longer run to catch
+  up (benchmarks/results/islands.md). Where bytes must fall further, or the run is short,
+  an outer loop over islands (:func:`spardl_jax.diloco`) does better.
 
   Example:
 
@@ -470,8 +473,10 @@ def synced_adamw(learning_rate: optax.ScalarOrSchedule, *, warmup_steps: int,
 
   Args:
     learning_rate: a float or an optax schedule, as ``optax.adamw``'s.
-    warmup_steps: dense syncs first, which train ``v`` (an int >= 1; about 2.5 % of the
-      run kept within a fifteenth of dense's bytes: benchmarks/results/adam.md).
+    warmup_steps: dense syncs first, which train ``v`` (an int >= 1). The rule: 1.25 % of
+      the run's steps (nanoGPT's 25 of 2,000, the setting measured; the trainer's AdamW
+      recipe takes it): each dense step costs a dense step's bytes, and a longer warm-up
+      bought little (600 steps: 25 against 8 steps, 2.107 against 2.131).
     density: the sparse method's density (or schedule, or ``"auto"``); a method that
       keeps no fraction of the entries (``"powersgd"``, ``"dense"``) takes none.
     dense_leaves: the leaves averaged densely outside the method
