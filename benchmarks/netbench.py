@@ -238,6 +238,22 @@ def job_parser(prog: str, doc: str | None, *, rates: str, n: int, repeats: int,
   return parser
 
 
+def table(results: dict) -> str:
+  """The Markdown table of ``results`` (``results.json`` less its shaper record: rate ->
+  method -> seconds and bytes): each method's bytes, and at each rate its seconds and its
+  ratio to SparDL's, the methods in the order they ran."""
+  rates = {rate: times for rate, times in results.items() if rate != SHAPER}
+  lines = ["| method | bytes/device | " + " | ".join(f"{r} (s) | {r} vs SparDL" for r in rates)
+           + " |", "|---|---|" + "---|---|" * len(rates)]
+  for text in next(iter(rates.values())):
+    cells = [f"{next(iter(rates.values()))[text]['bytes']:,}"]
+    for times in rates.values():
+      seconds = times[text]["seconds"]
+      cells += [f"{seconds:.3f}", f"{seconds / times['spardl']['seconds']:.2f}x"]
+    lines.append(f"| {text} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
   parser = job_parser("python -m benchmarks.netbench", __doc__, rates="1gbit,100mbit",
                       n=14_700_000, repeats=3, timeout=1800, out="netbench_out")
@@ -261,15 +277,7 @@ def main(argv=None) -> int:
                       lambda rate, namespaces: run_workers(namespaces, args, rate))
   print(f"wall time per sync (median of {args.repeats}), P = {args.processes} processes, "
         f"n = {args.n:,}, density {args.density}")
-  print("| method | bytes/device | " + " | ".join(f"{r} (s) | {r} vs SparDL" for r in results)
-        + " |")
-  print("|---|---|" + "---|---|" * len(results))
-  for text in args.methods:
-    cells = [f"{next(iter(results.values()))[text]['bytes']:,}"]
-    for times in results.values():
-      seconds = times[text]["seconds"]
-      cells += [f"{seconds:.3f}", f"{seconds / times['spardl']['seconds']:.2f}x"]
-    print(f"| {text} | " + " | ".join(cells) + " |")
+  print(table(results))
   with open(os.path.join(args.out, "results.json"), "w") as f:
     shaper = {} if args.local else {SHAPER: shaper_record(results)}
     json.dump({**results, **shaper}, f, indent=2)
