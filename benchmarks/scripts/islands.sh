@@ -19,6 +19,8 @@ run() {  # out, then python -m train flags
   [ -f "$out/metrics.json" ] || python -m train $NANOGPT --no-progress --out "$out" "$@"
 }
 DILOCO="outer_lr=0.7:outer_momentum=0.9"
+STEP="outer_lr=1:outer_momentum=0.5"  # the outer step chosen on seed 0 ("step" below)
+LOCO="outer_lr=1:outer_momentum=0:decay=0.95"  # SparseLoCo's rule
 case "${1:-}" in
   step)
     run step_h30_600/s0 --epochs 6 --islands 2 --seed 0 --compare "dense,\
@@ -26,6 +28,16 @@ dense:outer=30:$DILOCO,dense:outer=30:outer_lr=0.4:outer_momentum=0.9,\
 dense:outer=30:outer_lr=1:outer_momentum=0.5,dense:outer=30:outer_lr=1:outer_momentum=0"
     run h_600/s0 --epochs 6 --islands 2 --seed 0 --compare "dense:outer=10:$DILOCO,\
 dense:outer=100:$DILOCO"
+    ;;
+  compress)
+    run compress_600/s0 --epochs 6 --islands 2 --seed 0 --compare "\
+dense:outer=100:$STEP,dense_bf16:outer=30:$STEP,dense_bf16:outer=50:$STEP,\
+spardl:outer=30:density=0.1:wire=int8:$STEP,spardl:outer=30:density=0.03:wire=int4:$STEP,\
+spardl:outer=10:density=0.03:wire=int4:$STEP,sparseloco:outer=30:density=0.03:$LOCO,\
+topka:outer=30:density=0.03:$LOCO,dense:outer=30:fragments=3:$STEP,\
+dense:outer=30:overlap=1:$STEP"
+    run muon_600/s0 --epochs 6 --islands 2 --seed 0 --optimizer muon --lr 0.02 --adam-lr 1e-3 \
+        --compare "dense,dense:outer=30:$STEP"
     ;;
   *) echo "usage: islands.sh step|compress|finals|count" >&2; exit 2 ;;
 esac
