@@ -11,6 +11,7 @@ measure "steps (or seconds) to a fraction of dense's final metric" with :func:`t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import glob
 import json
@@ -177,35 +178,82 @@ def bundle(folder: str) -> int:
   holds already) and removes what it folded: the files, what the trainer wrote beside each
   ``metrics.json`` that it renders again (its ``results.md``, ``metrics.csv`` and plot) and
   the folders left empty.
-  Returns the runs folded; a ValueError where a run's folder is already in the bundle."""
+
+  It is atomic and can run again: every run folder's writer lock is taken for the whole
+  fold (a run a live trainer writes is refused), every file is read and checked before
+  anything is written or removed (each bad file named), the bundle is written whole before
+  any file goes, and a run found both in the bundle and on disk with the same content is
+  the same run (a fold interrupted after the bundle was written finishes on the next call).
+
+  Returns the runs folded; a ValueError naming every file that cannot be folded (unreadable,
+  not a trainer's record, another run of a folder the bundle holds) or a run being written.
+  """
   path = os.path.join(folder, BUNDLE)
   held = _load(path) if os.path.exists(path) else {"runs": {}, "logs": {}}
   metrics = sorted(glob.glob(os.path.join(folder, "**", "metrics.json"), recursive=True))
   logs = sorted(glob.glob(os.path.join(folder, "**", "*.log"), recursive=True))
-  for file in metrics:
-    key = _key(folder, os.path.dirname(file))
-    if key in held["runs"]:
-      raise ValueError(f"bundle: {folder}'s {BUNDLE} holds {key!r} already; {file} is another "
-                       f"run of it")
-    with open(file) as f:
-      held["runs"][key] = json.load(f)
-  for file in logs:
-    with open(file) as f:
-      held["logs"][_key(folder, file)] = f.read()
-  with open(path + ".tmp", "w") as f:
-    json.dump(held, f, indent=1)
-  os.replace(path + ".tmp", path)
-  for file in metrics:
-    metric = held["runs"][_key(folder, os.path.dirname(file))]["runs"][0]["metric"]
-    for name in (*report.files(metric), lock.LOCK):  # the record, what it renders, the lock
-      if os.path.exists(gone := os.path.join(os.path.dirname(file), name)):
-        os.remove(gone)
-  for file in logs:
-    os.remove(file)
+  with contextlib.ExitStack() as locks:
+    for file in metrics:  # no trainer may write a run while it is folded
+      if not os.path.exists(os.path.join(os.path.dirname(file), lock.LOCK)):
+        continue  # no trainer ever wrote here (a trainer makes the file as it starts)
+      try:
+        locks.enter_context(lock.writer(os.path.dirname(file)))
+      except lock.Busy as error:
+        raise ValueError(f"bundle: {os.path.dirname(file)} is a run being written: "
+                         f"{error}") from None
+    found, bad = {"runs": {}, "logs": {}}, []
+    for file, kind in [(f, "runs") for f in metrics] + [(f, "logs") for f in logs]:
+      key = _key(folder, os.path.dirname(file) if kind == "runs" else file)
+      try:
+        content = _checked_run(file) if kind == "runs" else _text(file)
+      except ValueError as error:
+        bad.append(f"{file}: {error}")
+        continue
+      if key in held[kind] and held[kind][key] != content:
+        bad.append(f"{file}: {folder}'s {BUNDLE} holds {key!r} already, and this is another "
+                   f"run of it")
+      found[kind][key] = content
+    if bad:
+      raise ValueError("bundle: nothing written or removed; " + "; ".join(bad))
+    for kind in ("runs", "logs"):
+      held[kind].update(found[kind])
+    with open(path + ".tmp", "w") as f:
+      json.dump(held, f, indent=1)
+    os.replace(path + ".tmp", path)
+    for key, record in held["runs"].items():  # the bundle holds them: what is left goes
+      for name in (*report.files(record["runs"][0]["metric"]), lock.LOCK):
+        if os.path.exists(gone := os.path.join(folder, key, name)):
+          os.remove(gone)
+    for file in logs:
+      os.remove(file)
   for here, _, _ in sorted(os.walk(folder), reverse=True):  # the deepest first
     if here != folder and not os.listdir(here):
       os.rmdir(here)
   return len(metrics)
+
+
+def _checked_run(file: str) -> dict:
+  """A ``metrics.json``'s content, checked to be a trainer's record of at least one run."""
+  try:
+    with open(file, encoding="utf-8") as f:
+      saved = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    raise ValueError(f"cannot be read as JSON ({error})") from None
+  runs_ = saved.get("runs") if isinstance(saved, dict) else None
+  if not (isinstance(runs_, list) and runs_ and all(isinstance(r, dict) and "metric" in r
+                                                     for r in runs_)
+          and isinstance(saved.get("config"), dict)):
+    raise ValueError("is no python -m train record of a run (no config, or no runs with "
+                     "their metric)")
+  return saved
+
+
+def _text(file: str) -> str:
+  try:
+    with open(file, encoding="utf-8") as f:
+      return f.read()
+  except (OSError, UnicodeDecodeError) as error:
+    raise ValueError(f"cannot be read as UTF-8 text ({error})") from None
 
 
 def _key(folder: str, path: str) -> str:

@@ -136,17 +136,22 @@ class CheckpointMismatch(ValueError):
 _paths = sj.checkpoint.paths
 
 
-def _check_fits(step: int, directory, saved: dict, paths: list, leaves: list) -> set[int]:
+def _check_fits(step: int, directory, saved: dict, paths: list, leaves: list,
+                fresh: set[str]) -> set[int]:
   """The indices of the per-device leaves whose device count differs; raises
-  :class:`CheckpointMismatch` naming the leaf and both shapes for any other difference."""
-  if set(paths) != set(saved):
-    differ = sorted(set(paths) ^ set(saved))[:3]
+  :class:`CheckpointMismatch` naming the leaf and both shapes for any other difference. A
+  leaf of ``like`` the checkpoint lacks is taken fresh where its fold rule restarts it
+  anyway (``fresh``: a field a state type gained since, as SyncState's ``placed``)."""
+  if set(saved) - set(paths) or set(paths) - set(saved) - fresh:
+    differ = sorted((set(paths) - fresh) ^ set(saved))[:3]
     raise CheckpointMismatch(
         f"checkpoint {step} in {directory} holds another train state (another model, method "
         f"or optimizer?): leaves {differ} are only on one side. Use a fresh checkpoint "
         f"directory.")
   changed = set()
   for i, (path, like) in enumerate(zip(paths, leaves)):
+    if path not in saved:
+      continue
     shape = tuple(saved[path].shape)
     if shape == like.shape:
       continue
@@ -215,21 +220,27 @@ def _read(mgr: ocp.CheckpointManager, step: int, like):
     raise Unreadable("its train state lists no arrays")
   leaves = jax.tree.leaves(like)
   paths = _paths(like)
-  changed = _check_fits(step, mgr.directory, saved, paths, leaves)
+  # Only a state type's own declaration counts (a leaf no declaration covers is no field
+  # gained since).
+  declared = jax.tree.leaves(sj.checkpoint.fold_rules(like, rule="undeclared"))
+  fresh = {p for p, rule in zip(paths, declared) if rule == "fresh"}
+  changed = _check_fits(step, mgr.directory, saved, paths, leaves, fresh)
   # Leaves to rebuild are read whole onto one local device, the rest with their shardings.
   host = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   abstract = {p: jax.ShapeDtypeStruct(tuple(saved[p].shape), a.dtype,
                                       sharding=host if i in changed else a.sharding)
-              for i, (p, a) in enumerate(zip(paths, leaves))}
+              for i, (p, a) in enumerate(zip(paths, leaves)) if p in saved}
   # Read in the saved tree's own structure and matched by path: a state type that gained a
-  # field without arrays (SyncState's leaf shapes) reads the checkpoints written before.
+  # field without arrays (SyncState's leaf shapes), or one its fold rule restarts
+  # (SyncState's placed), reads the checkpoints written before.
   disk = _paths(metadata)
   restored = mgr.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(jax.tree.unflatten(
           jax.tree.structure(metadata), [abstract[p] for p in disk])),
       progress=ocp.args.JsonRestore()))
   by_path = dict(zip(disk, jax.tree.leaves(restored["state"])))
-  out = [np.asarray(by_path[p]) if i in changed else by_path[p] for i, p in enumerate(paths)]
+  out = [np.asarray(by_path[p]) if i in changed else by_path.get(p, a)
+         for i, (p, a) in enumerate(zip(paths, leaves))]
   return out, restored["progress"], {paths[i]: saved[paths[i]] for i in changed}
 
 

@@ -10,6 +10,7 @@ its weight prediction.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -126,6 +127,8 @@ def variant_tuning(cfg: TrainConfig, variant: Variant, *,
   if _sparse(variant.method) and not every:  # the recipe fills in the rest
     if tuning.momentum is not None or tuning.sign:  # a momentum in place of Adam's around
       recipe = recipe._replace(synced=None, second_moment=None)
+    if tuning.momentum is not None:  # DGC's velocity is the sparse vector's alone
+      recipe = recipe._replace(dense_leaves=None)
     tuning = tuning.over(recipe)
   elif tuning.synced and tuning.second_moment is None:
     # Adam around any other sync (PowerSGD) trains v as the recipe does: v frozen after a
@@ -224,7 +227,12 @@ def _synced_adam(parts: Parts):
 
 def _demo(parts: Parts):
   """DeMo (:func:`spardl_jax.demo`) in place of the optimizer: ``decay=`` is its momentum's
-  decay (``sj.demo``'s default where not given)."""
+  decay (``sj.demo``'s default where not given); it takes ``--optimizer``'s rate and weight
+  decay, not its moments, and says so."""
+  if parts.cfg.optimizer != "sgd":
+    logging.getLogger("train").info(
+        "%s: sign=1 trains DeMo (the sign of the synced momentum) in place of --optimizer "
+        "%s, with its --lr and --weight-decay", parts.variant.label, parts.cfg.optimizer)
   options = dict(parts.sync_options)
   decay = options.pop("residual_decay")
   cfg = parts.cfg

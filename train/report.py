@@ -119,10 +119,12 @@ def format_markdown(runs: list[dict]) -> str:
 
 def runs_of(results: list[RunResult]) -> list[dict]:
   """The runs as ``metrics.json`` keeps them: the fields of :class:`RunRecord` that the
-  config does not hold (:func:`_from_json` reads them back)."""
+  config does not hold (:func:`_from_json` reads them back), and the tuning each trained
+  with (the recipe's included: what ``--recipe`` applied)."""
   return [{"method": r.variant, "metric": r.metric, "num_params": r.num_params,
            "bytes_per_step": r.bytes_per_step, "time_per_step": r.time_per_step,
-           "history": r.history} for r in results]
+           "history": r.history, **({"tuning": r.tuning} if r.tuning is not None else {})}
+          for r in results]
 
 
 def files(metric: str) -> tuple[str, str, str, str]:

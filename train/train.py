@@ -220,6 +220,7 @@ class RunResult(NamedTuple):
     time_per_step: median wall seconds of a train step, compilation excluded (see
       :class:`_Loop` for how steps are timed).
     state: the final train state.
+    tuning: the tuning the variant trained with, its own keys and the recipe's (by key).
   """
 
   variant: str
@@ -229,6 +230,7 @@ class RunResult(NamedTuple):
   bytes_per_step: float
   time_per_step: float
   state: TrainState
+  tuning: dict | None = None
 
 
 def evaluate_model(evaluate, state: TrainState, ds: data.Dataset, mesh,
@@ -425,7 +427,8 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                         state.opt_state, by_part=True, axis=link).values())))
   time_per_step = float(np.median(loop.times)) if loop.times else float("nan")
   return RunResult(variant.label, ds.metric, history, num_params, bytes_per_step,
-                   time_per_step, state)
+                   time_per_step, state,
+                   variant_tuning(cfg, variant, steps_per_epoch=steps).given())
 
 
 def _inside(opt_state, mesh: jax.sharding.Mesh, axis_name: str) -> dict:

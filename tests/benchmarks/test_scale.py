@@ -4,6 +4,7 @@ files, times the projected step computed by hand from the paper's cost table (Sp
 words); "never", lower bounds, the best density and the crossover."""
 
 import json
+import shutil
 
 import pytest
 
@@ -201,3 +202,48 @@ def test_an_experiments_runs_folded_into_one_file_read_as_before(runs, tmp_path)
   write_run(runs / "s0_p8", 8, 0, [("dense", "dense", {}, [0.5])])
   with pytest.raises(ValueError, match="holds 's0_p8' already"):
     lab_runs.bundle(str(runs))
+
+
+def test_the_bundler_checks_everything_first_refuses_a_live_run_and_can_run_again(runs):
+  """Bad files are all named and nothing is written or removed; a run a live trainer holds is
+  refused; a fold interrupted after the bundle was written (its files still on disk)
+  finishes on the next call, the same run found twice being one run."""
+  import subprocess
+  import sys
+  before = sorted(str(p.relative_to(runs)) for p in runs.rglob("*"))
+  (runs / "empty").mkdir()
+  (runs / "empty" / "metrics.json").write_text("{}")
+  (runs / "none").mkdir()
+  (runs / "none" / "metrics.json").write_text('{"config": {}, "runs": []}')
+  (runs / "cut").mkdir()
+  (runs / "cut" / "metrics.json").write_text('{"config": {"devices": 8, "ru')
+  (runs / "job.log").write_bytes(b"\xff\xfe not utf-8")
+  with pytest.raises(ValueError, match=r"nothing written or removed") as refused:
+    lab_runs.bundle(str(runs))
+  for name in ("empty", "none", "cut", "job.log"):
+    assert str(runs / name) in str(refused.value), name
+  for name in ("empty", "none", "cut"):
+    shutil.rmtree(runs / name)
+  (runs / "job.log").unlink()
+  assert sorted(str(p.relative_to(runs)) for p in runs.rglob("*")) == before
+  # A trainer holding its run's lock: refused, nothing touched.
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; sys.path.insert(0, '.'); from train import "
+       f"lock\nwith lock.writer({str(runs / 's0_p8')!r}):\n  print('held', flush=True); "
+       "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(ValueError, match=r"s0_p8 is a run being written"):
+      lab_runs.bundle(str(runs))
+    assert not (runs / lab_runs.BUNDLE).exists()
+  finally:
+    holder.kill()
+    holder.wait()
+  # Interrupted after the bundle was written: the runs still on disk are the bundle's.
+  kept = {p: p.read_bytes() for p in runs.rglob("metrics.json")}
+  assert lab_runs.bundle(str(runs)) == 4
+  for path, content in kept.items():
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(content)
+  assert lab_runs.bundle(str(runs)) == 4
+  assert sorted(p.name for p in runs.iterdir()) == [lab_runs.BUNDLE]

@@ -144,6 +144,20 @@ ROWS = [
     ("a method spec key given twice",
      lambda: sj.options.parse("spardl:density=0.1:density=0.2", density=0.01),
      "density given more than once"),
+    ("a weight prediction's scale given as text",
+     lambda: sj.weight_prediction(sj.spardl(delay=1), optax.sgd(0.1), scale="0.5"),
+     r"weight_prediction: scale must be in \[0, 1\], got '0.5'"),
+    ("a weight prediction's scale of None",
+     lambda: sj.weight_prediction(sj.spardl(delay=1), optax.sgd(0.1), scale=None),
+     r"weight_prediction: scale must be in \[0, 1\], got None"),
+    ("an integer leaf among data_parallel_step's parameters",
+     lambda: sj.data_parallel_step(lambda p, x: jnp.sum(x * p["w"]), sj.spardl(),
+                                   harness.mesh(2))(
+         {"w": jnp.zeros(4), "steps": jnp.zeros((), jnp.int32)},
+         sj.init_opt_state(sj.spardl(), {"w": jnp.zeros(4)}, harness.mesh(2)), jnp.ones((2, 4))),
+     r"data_parallel_step: params\['steps'\] is int32; the step takes the gradient of every"),
+    ("the retired clip_norm", lambda: sj.spardl(clip_norm=1.0),
+     r"clip_norm is retired.*optax.clip_by_global_norm"),
 ]
 
 

@@ -133,3 +133,43 @@ def test_a_state_that_cannot_be_folded_is_refused_in_one_line():
                       sj.init_opt_state(tx, PARAMS, harness.mesh(8)))
   with pytest.raises(sj.checkpoint.RefoldError, match="saved as float16 and is float32"):
     sj.checkpoint.refold(half, like)
+
+
+def test_refold_refuses_what_it_cannot_fold_whole():
+  """A residual holding a NaN, and a residual of 7 rows beside per-device leaves of 8: each
+  refused by name before anything is built (accepted, the first would skip every sync after
+  the restore and the second fold 7 devices' books as if 7 had run)."""
+  tx = optax.chain(sj.spardl(density=0.05), optax.sgd(0.1, momentum=0.9))
+  state = jax.device_get(_train(tx, 8, sj.init_opt_state(tx, PARAMS, harness.mesh(8)), 2, 0))
+  like = sj.init_opt_state(tx, PARAMS, harness.mesh(4))
+  residual = np.asarray(state[0].method_state.residual).copy()
+  residual[3, 5] = np.nan
+  poisoned = (state[0]._replace(method_state=state[0].method_state._replace(
+      residual=residual)), state[1])
+  with pytest.raises(sj.checkpoint.RefoldError, match=r"method_state/residual holds 1 non-"):
+    sj.checkpoint.refold(poisoned, like)
+  cut = (state[0]._replace(method_state=state[0].method_state._replace(
+      residual=np.asarray(state[0].method_state.residual)[:7])), state[1])
+  with pytest.raises(sj.checkpoint.RefoldError, match=r"disagree on the devices .*residual: 7"):
+    sj.checkpoint.refold(cut, sj.init_opt_state(tx, PARAMS, harness.mesh(8)))
+
+
+def test_a_state_cut_onto_another_device_count_is_refused_at_its_first_update(tmp_path):
+  """Saved on 8 devices, restored onto 4 as Orbax's own error advises (``strict=False``: each
+  leaf cut to the target's rows, half the residual's mass gone): the first update refuses it
+  with the library's line naming the refold, before any collective; refolded, it trains."""
+  tx = optax.chain(sj.spardl(density=0.05), optax.sgd(0.1, momentum=0.9))
+  state = _train(tx, 8, sj.init_opt_state(tx, PARAMS, harness.mesh(8)), 2, 0)
+  like = sj.init_opt_state(tx, PARAMS, harness.mesh(4))
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(tmp_path / "s", state)
+  ckptr.wait_until_finished()
+  cut = ckptr.restore(tmp_path / "s", like, strict=False)
+  assert np.asarray(cut[0].method_state.residual).shape == (4, 48 * 16 + 16)  # strict=False
+  with pytest.raises(Exception, match=r"laid out for 8 devices and this step runs on 4.*"
+                                      r"sj\.checkpoint\.refold"):
+    jax.block_until_ready(_train(tx, 4, cut, 1, 0))
+  saved = ckptr.restore(tmp_path / "s", sj.checkpoint.as_saved(ckptr.metadata(tmp_path / "s"),
+                                                                like))
+  trained = _train(tx, 4, sj.checkpoint.refold(saved, like), 1, 0)
+  assert np.isfinite(np.asarray(trained[0].method_state.residual)).all()

@@ -155,9 +155,11 @@ def test_another_shape_names_the_leaf_and_both_shapes(tmp_path):
 
 
 def test_a_state_type_that_gained_a_field_without_arrays_reads_older_checkpoints(tmp_path):
-  """SyncState's ``leaves`` (its float leaf shapes, part of the pytree structure, no array)
-  came after checkpoints written without it: the restore reads the saved tree in its own
-  structure and matches leaves by path, so those checkpoints still restore, bit for bit."""
+  """SyncState's ``built_for`` (its float leaf shapes, part of the pytree structure, no
+  array) and ``placed`` (the device count its rows were laid out for, a fresh fold rule)
+  came after checkpoints written without them: the restore reads the saved tree in its own
+  structure and matches leaves by path, so those checkpoints still restore, bit for bit,
+  ``placed`` taking this run's value."""
   import optax
 
   import spardl_jax as sj

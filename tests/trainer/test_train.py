@@ -87,6 +87,9 @@ def test_cli_smoke_run_writes_metrics_and_plot(tmp_path):
   assert [r["method"] for r in runs] == ["dense", "spardl:residuals=local", "oktopk:tau=4"]
   assert runs[1]["bytes_per_step"] < runs[0]["bytes_per_step"]
   assert runs[2]["bytes_per_step"] < runs[0]["bytes_per_step"]
+  # What the recipe applied is recorded: SGD's recommended recipe lowers the momentum of
+  # the sparse variants, not dense's.
+  assert [r["tuning"] for r in runs] == [{}, {"opt_momentum": 0.5}, {"opt_momentum": 0.5}]
 
 
 def measured(history):
@@ -415,16 +418,22 @@ def test_sync_tuning_keys_reach_the_sync(optimizer, monkeypatch):
       "balance": "leaves", "dense_leaves": "vectors", "delay": 1}
 
 
-def test_sign_builds_demo_in_place_of_the_recipe():
+def test_sign_builds_demo_in_place_of_the_recipe(caplog):
   """`spardl:sign=1:decay=0.9` under AdamW is sj.demo: the sync decays its residual by 0.9
-  with no Adam around it (the recipe's synced= dropped), and the update of a step is
-  -lr * (sign(result) + weight decay * params); a spec it cannot act on is refused."""
+  with no Adam around it (the recipe's synced= dropped; the run says so), and the update of
+  a step is -lr * (sign(result) + weight decay * params); a spec it cannot act on is
+  refused."""
+  import logging
+
   from train.config import parse_variant
   cfg = TrainConfig(model="mlp", dataset="digits", optimizer="adamw", lr=0.01,
                     weight_decay=0.5, weight_decay_on="all")
   v = parse_variant("spardl:sign=1:decay=0.9:warmup=0:wire=exact", density=0.5, teams=1,
                     sag="auto", residuals="global")
-  tx = make_optimizer(cfg, v, steps_per_epoch=10)
+  with caplog.at_level(logging.INFO, logger="train"):
+    tx = make_optimizer(cfg, v, steps_per_epoch=10)
+  assert "sign=1 trains DeMo (the sign of the synced momentum) in place of --optimizer adamw" \
+      in caplog.text
   # A matrix: the AdamW recipe keeps 1-D leaves dense, outside the method.
   params = {"w": jnp.ones((2, 4), jnp.float32)}
   p = 2
@@ -491,8 +500,14 @@ def test_variant_tuning_and_recipes():
   dgc = variant_tuning(TrainConfig(optimizer="adamw"),
                        parse_variant("spardl:momentum=0.9", density=0.01, teams=1, sag="auto",
                                      residuals="global"), steps_per_epoch=8)
-  # The warm-up, 1.25 % of the run's 30 epochs of 8 steps: 3 steps.
+  # The warm-up, 1.25 % of the run's 30 epochs of 8 steps: 3 steps. DGC's velocity is the
+  # sparse vector's alone: the recipe's dense leaves drop out too (they were refused by a
+  # message naming dense_leaves, a key the spec did not give).
   assert (dgc.synced, dgc.second_moment, dgc.momentum, dgc.warmup) == (None, None, 0.9, 3)
+  assert dgc.dense_leaves is None
+  make_optimizer(TrainConfig(optimizer="adamw"), parse_variant(
+      "spardl:momentum=0.9", density=0.01, teams=1, sag="auto", residuals="global"),
+                 steps_per_epoch=8)
   mesh = make_mesh(2)
   for recipe in RECIPES:
     for optimizer in ("sgd", "adamw"):

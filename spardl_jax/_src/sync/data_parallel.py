@@ -272,6 +272,18 @@ def _reduce_aux(aux, rows: int | None, data: tuple[str, ...]):
   return jax.tree.map(reduce, aux)
 
 
+def _check_params(params) -> None:
+  """The step takes the gradient of every parameter leaf: each must be floating-point (an
+  integer leaf, a step counter say, belongs in the model's state, not in what is trained)."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is not None and not jnp.issubdtype(dtype, jnp.inexact):
+      raise TypeError(
+          f"data_parallel_step: params{jax.tree_util.keystr(path)} is {dtype}; the step takes "
+          f"the gradient of every parameter leaf, and only floating-point ones have one. "
+          f"Keep integer leaves (counters, masks) out of params, or make the leaf float.")
+
+
 def _data_axes(mesh, axis_name: str, local_axis: str | None) -> tuple[str, ...]:
   """The step's data axes, ``(axis_name,)`` or ``(axis_name, local_axis)``, checked."""
   check_axis(mesh, axis_name, "data_parallel_step")
@@ -392,6 +404,7 @@ def data_parallel_step(loss_fn, tx: optax.GradientTransformation, mesh: jax.shar
     return tuple(leaf_specs(params))
 
   def call(method, params, opt_state, *batch):
+    _check_params(params)
     # Traced under its own mesh, in jax.set_mesh or not: a model's constraints written with
     # bare PartitionSpecs (Flax's sharding rules, the guides) need a mesh in context, and
     # the trace is the same either way (no second compile). Inside a jax.jit of the user's

@@ -114,7 +114,8 @@ def predicted_local(plan: SyncPlan, state: SyncState, params):
   density keeps (``max(1, round(density * n))``; ties kept; with ``balance`` ranked on the
   vector scaled leaf by leaf, as the sync scales it) — the level the count of syncs
   selects, as the sync will. The dense leaves (``dense_leaves``) are their held values. A
-  non-sparse level (the dense warm-up, ``dense``, PowerSGD) keeps every entry.
+  non-sparse level (the dense warm-up, ``dense``, PowerSGD) keeps every entry. A message
+  with a non-finite entry gives zeros (the sync will skip it).
   """
   pending = state.pending
   if pending is None:
@@ -145,6 +146,10 @@ def predicted_local(plan: SyncPlan, state: SyncState, params):
   else:
     vec = jax.lax.switch(plan.level_index(on_device(state.count)),
                          [cut(level) for level in plan.levels], vec)
-  held = on_device(pending.held)
-  estimate = [jnp.where(held, e, jnp.zeros_like(e)) for e in plan.leaves(vec, kept)]
+  # A non-finite message (a NaN gradient held, skipped when it is sent) is no estimate: the
+  # point would be NaN and so would the next gradient, held in turn, for good. Each device
+  # decides alone: no collective runs here.
+  usable = on_device(pending.held) & jnp.all(jnp.isfinite(vec)) & jnp.all(jnp.asarray(
+      [jnp.all(jnp.isfinite(k)) for k in kept] or [True]))
+  estimate = [jnp.where(usable, e, jnp.zeros_like(e)) for e in plan.leaves(vec, kept)]
   return plan.tree(estimate, params, other=jnp.zeros_like)

@@ -126,6 +126,33 @@ def _fold(rule: str, saved: np.ndarray, like: jax.Array, path: str,
   return out.reshape(-1, *saved.shape[1:]).astype(saved.dtype)
 
 
+def _check_rows(plan, like_leaves, like_paths, rules) -> None:
+  """Before anything is built: every per-device leaf agrees on the device count it was
+  saved on (a leaf cut to 7 rows beside others of 8 is no state of 7 devices), and none that
+  is kept or folded holds a non-finite entry (a residual with a NaN would make every sync
+  after the restore skip)."""
+  counts = {}
+  for (leaf, _), like_leaf, path in zip(plan, like_leaves, like_paths):
+    if _per_device(like_leaf):
+      _, columns, per = _layout(like_leaf)
+      counts[path] = np.shape(leaf)[0] / (columns * per)
+  if len(set(counts.values())) > 1:
+    shown = ", ".join(f"{path}: {int(c) if c == int(c) else c}" for path, c in counts.items())
+    raise RefoldError(f"refold: the saved per-device leaves disagree on the devices they were "
+                      f"saved on ({shown}); a whole state saves one count in every leaf "
+                      f"(a hand-made or damaged restore?).")
+  for (leaf, _), like_leaf, path, rule in zip(plan, like_leaves, like_paths, rules):
+    if not _per_device(like_leaf) or rule == protocol.FRESH:
+      continue
+    values = np.asarray(leaf)
+    bad = int(np.size(values) - np.isfinite(values).sum()) if np.issubdtype(
+        values.dtype, np.inexact) else 0
+    if bad:
+      raise RefoldError(f"refold: leaf {path} holds {bad} non-finite entries (NaN or inf); "
+                        f"folded, they would reach every device's rows and every sync after "
+                        f"the restore would skip. Restore an earlier checkpoint.")
+
+
 def refold(saved, like, *, metadata=None):
   """``saved`` (a state restored as saved, on any number of devices) rebuilt onto ``like``'s.
 
@@ -162,7 +189,9 @@ def refold(saved, like, *, metadata=None):
 
   Raises:
     RefoldError: a leaf is on one side only, or differs in more than its device axis, or
-      in dtype, or was saved on another size of an axis besides the data axis.
+      in dtype, or was saved on another size of an axis besides the data axis; the leaves
+      to fold disagree on the device count they were saved on; one of them holds a
+      non-finite entry.
   """
   like_leaves, treedef = jax.tree.flatten(like)
   like_paths = paths(like)
@@ -191,6 +220,7 @@ def refold(saved, like, *, metadata=None):
           f"per-device leaf's leading (device) axis may differ: another model size, or "
           f"another size of the groups whose devices each hold a slice of it (the devices of "
           f"an island; only the island count may change).")
+  _check_rows(plan, like_leaves, like_paths, rules)
   folded = [None if rule is None else _fold(
       rule, np.asarray(leaf), like_leaf, path,
       _saved_columns(getattr(recorded.get(path, leaf), "sharding", None)))

@@ -23,6 +23,7 @@ shards; a delayed sync's pieces are :mod:`spardl_jax._src.sync.delay`'s.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -213,6 +214,7 @@ def update_local(plan: SyncPlan, updates, state, next_message=None, extra_bytes=
   options = plan.options
   floats = plan.float_leaves(updates)  # once: the stages see this device's float leaves
   local = plan.local(state)
+  _refuse_misplaced(state)
   velocity = None if state.velocity is None else on_device(state.velocity)
   if options.delay:
     x, kept = delay.held_message(plan, state, floats)
@@ -228,7 +230,7 @@ def update_local(plan: SyncPlan, updates, state, next_message=None, extra_bytes=
   new_state = SyncState(as_rows(agreed.run.state),
                         None if agreed.velocity is None else as_rows(agreed.velocity),
                         state.count + 1, next_stats(plan, agreed, state.stats, extra_bytes),
-                        state.built_for, state.pending)
+                        state.built_for, state.pending, state.placed)
   kept_means = [] if agreed.mean is None else flat_vector.split(agreed.mean, plan.kept)
   synced = plan.leaves(agreed.run.y, kept_means)
   if options.delay:
@@ -262,4 +264,33 @@ def init_local(plan: SyncPlan, lead: int) -> SyncState:
   velocity = None if options.momentum is None else jnp.zeros((lead, plan.n), plan.dtype)
   pending = delay.fresh_pending(plan, lead) if options.delay else None
   return SyncState(jax.tree.map(rows, fresh), velocity, jnp.zeros((lead,), jnp.int32),
-                   SyncStats.zeros(lead), plan.built_for, pending)
+                   SyncStats.zeros(lead), plan.built_for, pending,
+                   jnp.full((lead,), _devices_here(lead), jnp.int32))
+
+
+def _devices_here(lead: int = 1) -> int:
+  """The devices of the mesh the sync runs on: inside ``shard_map`` every axis of it is
+  bound; outside, the ``lead`` rows ``init`` builds at once."""
+  mesh = jax.sharding.get_abstract_mesh()
+  bound = bound_axes()
+  return math.prod(mesh.shape[a] for a in mesh.axis_names) if bound else lead
+
+
+def _refuse_misplaced(state: SyncState) -> None:
+  """A state whose rows were laid out for another device count (cut, padded or copied by a
+  restore that did not refold them) is refused at its first update, on every device alike
+  (every row of one saved state holds the same count), before any collective."""
+  if state.placed is None:
+    return
+  devices = _devices_here()
+  was = on_device(state.placed)
+
+  def refuse(was):
+    raise ValueError(
+        f"sync_gradients: the state's rows were laid out for {int(was)} devices and this step "
+        f"runs on {devices}: a restore cut, padded or copied them (Orbax's strict=False does; "
+        f"it drops the residuals' mass). Restore the state as saved "
+        f"(sj.checkpoint.as_saved) and fold it onto these devices with "
+        f"sj.checkpoint.refold.")
+
+  jax.lax.cond(was != devices, lambda: jax.debug.callback(refuse, was), lambda: None)

@@ -17,7 +17,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from spardl_jax._src.core import protocol
-from spardl_jax._src.core.protocol import MEAN, PER_DEVICE, REPLICATED, SAME, SUM, Field
+from spardl_jax._src.core.protocol import FRESH, MEAN, PER_DEVICE, REPLICATED, SAME, SUM, Field
 
 __all__ = ['SyncStats', 'SyncState', 'Pending', 'BuiltFor', 'states_in',
            'check_sync_alone', 'sync_stats']
@@ -90,7 +90,7 @@ class Pending(NamedTuple):
 
 @protocol.layout(method_state=Field(PER_DEVICE), velocity=Field(PER_DEVICE, SUM),
                  count=Field(PER_DEVICE, SAME), stats=Field(PER_DEVICE),
-                 pending=Field(PER_DEVICE))
+                 pending=Field(PER_DEVICE), placed=Field(PER_DEVICE, FRESH))
 class SyncState(NamedTuple):
   """State of :func:`spardl_jax.sync_gradients`; every leaf has a leading device axis.
 
@@ -105,6 +105,10 @@ class SyncState(NamedTuple):
     stats: :class:`SyncStats` of the last update.
     built_for: the :class:`BuiltFor` the state was built for (no array).
     pending: the :class:`Pending` message of a delayed sync (``delay=1``); None otherwise.
+    placed: ``(1,)`` int32, the devices of the mesh the rows were laid out for. A restore that
+      cut, padded or copied the rows for another device count (Orbax's ``strict=False``, a
+      hand-made one) keeps the old count, and the first update refuses the state by it;
+      ``sj.checkpoint.refold`` writes the new one.
   """
 
   method_state: Any
@@ -113,6 +117,7 @@ class SyncState(NamedTuple):
   stats: SyncStats
   built_for: BuiltFor
   pending: Pending | None = None
+  placed: jax.Array | None = None
 
   def idle(self) -> SyncState:
     """This state after a step that ran no sync (an outer loop's inner step): everything it
