@@ -15,7 +15,8 @@ device count), ``collectives`` (the raw all-reduces), ``cost`` (the paper's cost
 the alpha-beta model), ``distributed`` and ``launch`` (many processes), ``methods`` (the
 registry and the protocol a method implements), ``options`` (choice lists and method specs
 from text), ``points`` (where a device takes its gradient), ``schedule`` (SparDL's rounds),
-``states`` (the state types and their declared layouts). The tools (``spardl_jax.tools``:
+``states`` (the state types and their declared layouts), ``nnx`` (a Flax NNX program's
+optimizer and step decorator; it imports Flax when first used). The tools (``spardl_jax.tools``:
 HLO traffic, ``spardl-bench``) are imported where used, never by ``import spardl_jax``.
 """
 
@@ -67,4 +68,13 @@ __all__ = (
     "synced_adamw",
     "use_param_specs",
     "weight_prediction",
+    "nnx",
 )
+
+
+def __getattr__(name):
+  # sj.nnx needs Flax, which the library does not: imported when first used.
+  if name == "nnx":
+    import importlib
+    return importlib.import_module("spardl_jax.nnx")
+  raise AttributeError(f"module 'spardl_jax' has no attribute {name!r}")
