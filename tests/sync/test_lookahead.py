@@ -1,4 +1,4 @@
-"""The look-ahead of a delayed sync (``sj.lookahead``): the point each device takes its
+"""The look-ahead of a delayed sync (``sj.weight_prediction``): the point each device takes its
 gradient at against a NumPy model (heavy ball on its estimate of the next delivery), the
 delayed and looked-ahead run on a quadratic against the undelayed NumPy run one step later,
 nothing stored, and bad input."""

@@ -66,7 +66,7 @@ def demo(learning_rate: optax.ScalarOrSchedule, *, density=0.01, method: str = "
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; its state is a tuple whose first entry is
-    the sync's :class:`~spardl_jax.SyncState`.
+    the sync's :class:`~spardl_jax.states.SyncState`.
 
   References:
     Peng, Quesnelle and Kingma, "DeMo: Decoupled Momentum Optimization", arXiv:2411.19870,

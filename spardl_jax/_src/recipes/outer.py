@@ -89,7 +89,7 @@ class DiLoCoState(NamedTuple):
       next outer step syncs is unchanged.
     inner: the inner optimizer's state, per replica (a leading replica axis on every leaf;
       an island's own sync keeps its rows per device, as every sync does).
-    sync: the outer sync's :class:`~spardl_jax.SyncState` (its residual is the error
+    sync: the outer sync's :class:`~spardl_jax.states.SyncState` (its residual is the error
       feedback of the pseudo-gradient); with ``fragments`` F > 1 a tuple of F, one a
       fragment.
     outer: the outer optimizer's state (the same on every device); a tuple of F with

@@ -173,7 +173,7 @@ class ScaleBySyncedAdamState(NamedTuple):
       trained where the sync delivers (``second_moment``).
     nu_count: int32 per coordinate (the params' structure), the steps ``nu`` covers (its
       bias correction).
-    sync: the sync's :class:`~spardl_jax.SyncState` (its residual is the momentum's error
+    sync: the sync's :class:`~spardl_jax.states.SyncState` (its residual is the momentum's error
       feedback).
     sent_at: int32 per coordinate, the update at which the sync last delivered it.
   """

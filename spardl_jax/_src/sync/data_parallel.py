@@ -161,7 +161,7 @@ def sync_state_filter(opt_state, *, prefix: tuple = ("opt_state",)):
 
   Args:
     opt_state: the optax state (``optimizer.opt_state``), holding one or more
-      :class:`~spardl_jax.SyncState`.
+      :class:`~spardl_jax.states.SyncState`.
     prefix: the path of ``opt_state`` in the state the filter will see.
 
   Returns:

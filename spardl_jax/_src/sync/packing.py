@@ -76,7 +76,7 @@ def free_axes(axis_name: str) -> tuple[str, ...]:
   return tuple(a for a in mesh.axis_names if a not in manual)
 
 
-_REPLICAS: contextvars.ContextVar = contextvars.ContextVar("spardl_jax.replicas_over",
+_REPLICAS: contextvars.ContextVar = contextvars.ContextVar("replicas_over",
                                                            default=())
 
 

@@ -7,10 +7,10 @@ per device so that every device keeps, and a checkpoint saves, its own:
 
 * ``PER_DEVICE``: one row per device of the whole mesh, data-major: the leading axis is sharded
   ``PartitionSpec((axis_name, *others))`` (``PartitionSpec(axis_name)`` on a one-axis mesh).
-  The sync's residuals, velocities and statistics (:class:`~spardl_jax.SyncState`).
+  The sync's residuals, velocities and statistics (:class:`~spardl_jax.states.SyncState`).
 * ``PER_REPLICA``: a leading axis over the data axis, the rest laid out as the leaf would be
   alone (a parameter's offset ``(P, *shape)`` with ``PartitionSpec(axis_name, *its spec)``):
-  an outer loop's replicas (:class:`~spardl_jax.DiLoCoState`).
+  an outer loop's replicas (:class:`~spardl_jax.states.DiLoCoState`).
 * ``LIKE_PARAMS``: shaped like the parameters, each leaf laid out as its parameter (momentum,
   Adam's moments). A state type may declare it (Adam's do; a field that is not so shaped is
   refused) or leave it to be recognised by shape (optax's own states);

@@ -12,7 +12,7 @@ trace's :class:`~spardl_jax._src.sync.plan.SyncPlan`:
    back (:func:`balanced_level`);
 4. :func:`agree_on_nonfinite`: DGC's momentum factor masking, and the non-finite guard every
    device agrees on;
-5. :func:`next_stats`: this sync's :class:`~spardl_jax.SyncStats`, every byte it sent
+5. :func:`next_stats`: this sync's :class:`~spardl_jax.states.SyncStats`, every byte it sent
    counted here;
 6. the synced vector cut back into the leaves (:meth:`SyncPlan.leaves`).
 

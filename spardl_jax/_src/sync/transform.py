@@ -103,7 +103,7 @@ def sync_gradients(method: str = "spardl", *, axis_name: str = "data",
 
   Returns:
     A :class:`SyncTransformation` (an ``optax.GradientTransformationExtraArgs`` carrying its
-    validated ``options``) whose state is a :class:`~spardl_jax.SyncState`; ``update``'s
+    validated ``options``) whose state is a :class:`~spardl_jax.states.SyncState`; ``update``'s
     extra arguments: ``param_specs``, ``batch_axes`` (the axes the step split its batch
     over, checked), ``extra_bytes`` (bytes a transformation around the sync sent for it,
     counted in its statistics) and, with ``delay=1``, ``next_message`` (``(synced,
@@ -180,7 +180,7 @@ def spardl(*, density: float | levels.DensitySchedule | str | DensityRule = 0.01
       :func:`sync_gradients`' options, each documented once, there.
 
   Returns:
-    An ``optax.GradientTransformation`` (state :class:`~spardl_jax.SyncState`).
+    An ``optax.GradientTransformation`` (state :class:`~spardl_jax.states.SyncState`).
 
   References:
     Zhao et al., "SparDL: Distributed Deep Learning Training with Efficient Sparse
@@ -206,7 +206,7 @@ def powersgd(*, start_iter: int = 0, **options) -> optax.GradientTransformation:
       (``axis_name``, ``axis_size``, ``nonfinite``).
 
   Returns:
-    An ``optax.GradientTransformation`` (state :class:`~spardl_jax.SyncState`; the method
+    An ``optax.GradientTransformation`` (state :class:`~spardl_jax.states.SyncState`; the method
     state is a :class:`~spardl_jax._src.baselines.powersgd.PowerSGDState` with the error feedback
     as its ``residual``).
 
