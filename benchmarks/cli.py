@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ['fraction', 'comma_list', 'SEEDS', 'FRACTIONS']
+__all__ = ['fraction', 'comma_list', 'SEEDS', 'FRACTIONS', 'add_progress']
 
 
 def fraction(text: str) -> float:
@@ -37,3 +37,11 @@ def comma_list(item: Callable[[str], Any], what: str) -> Callable[[str], list]:
 
 SEEDS = comma_list(int, "a comma list of integer seeds")
 FRACTIONS = comma_list(fraction, "a comma list of fractions in (0, 1]")
+
+
+def add_progress(parser: argparse.ArgumentParser) -> None:
+  """Every driver's ``--no-progress``: its bars (:mod:`spardl_jax.tools.progress`, drawn on
+  a terminal only) off."""
+  parser.add_argument("--no-progress", action="store_true",
+                      help="no progress bars (drawn only on a terminal: units done of the "
+                           "total, their rate, time left; SPARDL_PROGRESS=0 for every command)")

@@ -52,7 +52,7 @@ import numpy as np
 
 from benchmarks import runs
 from benchmarks.runs import RUNS_FIELDS, Row, Runs
-from benchmarks.cli import FRACTIONS, SEEDS, comma_list
+from benchmarks.cli import FRACTIONS, SEEDS, add_progress, comma_list
 import spardl_jax as sj
 from train import (NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, POSITIVE_INT, RECIPES,
                           TrainConfig, Tuning, Variant, recipe_tuning)
@@ -317,6 +317,7 @@ def _parse_args(argv):
   p.add_argument("--steps-per-epoch", type=POSITIVE_INT, default=None,
                  help="every case's steps between evaluations (default: each case's own)")
   p.add_argument("--out", default="convergence_out")
+  add_progress(p)
   p.add_argument("--report", default=None, metavar="DIR[,DIR...]",
                  help="train nothing: write the table and plot of earlier runs' "
                       "results.json files (e.g. one run per case, or more seeds of a variant) "
@@ -766,8 +767,7 @@ def run(args) -> int:
                                                target, args.on)]
                            for target in args.target], meta, args.goals, args.judge))
     return 0
-  from tqdm import tqdm
-
+  from spardl_jax.tools.progress import bar
   from train import data, input_pipeline
   from train import (check_variant, data_request, make_mesh, simulate_devices,
                            train_and_evaluate)
@@ -812,11 +812,12 @@ def run(args) -> int:
         raise ValueError(f"--cases {case} --variants {key}: {error}") from None
   results: dict = {}
   jobs = [(c, k, s) for c in args.cases for k in args.variants for s in args.seeds]
-  for case, key, seed in tqdm(jobs, desc="runs", unit="run", file=sys.stderr):
+  for case, key, seed in bar(jobs, desc="runs", unit="run", enabled=not args.no_progress):
     cfg, ds, steps, variant = job(case, key, seed)
     if variant is None:
       continue
-    result = train_and_evaluate(cfg, variant, ds, meshes[case], progress=False)
+    result = train_and_evaluate(cfg, variant, ds, meshes[case], progress=not args.no_progress,
+                                nested=True)
     results.setdefault(case, {"steps": steps, "runs": {}})["runs"].setdefault(
         key, []).append(result)
   meta = {"devices": args.devices, "seeds": args.seeds, "density": DENSITY,

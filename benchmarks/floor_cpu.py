@@ -19,6 +19,8 @@ import statistics
 import sys
 import time
 
+from benchmarks.cli import add_progress
+
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.floor_cpu", description=__doc__,
@@ -27,6 +29,7 @@ def main(argv=None) -> int:
   parser.add_argument("--n", type=lambda v: int(float(v)), default=14_700_000)
   parser.add_argument("--methods", default="spardl", help="comma list of method specs")
   parser.add_argument("--repeats", type=int, default=7)
+  add_progress(parser)
   args = parser.parse_args(argv)
   import jax
   import numpy as np
@@ -34,6 +37,7 @@ def main(argv=None) -> int:
 
   from spardl_jax import distributed
   from spardl_jax import collectives, options
+  from spardl_jax.tools.progress import bar
 
   p, n = args.devices, args.n
   mesh = jax.make_mesh((p,), ("data",), devices=jax.devices()[:p],
@@ -73,7 +77,8 @@ def main(argv=None) -> int:
       return y
     calls[spec] = call
   times: dict[str, list[float]] = {label: [] for label in calls}
-  for rounds in range(args.repeats + 1):  # the first round compiles
+  for rounds in bar(range(args.repeats + 1), desc="rounds", unit="round",
+                    enabled=not args.no_progress):  # the first compiles
     for label, fn in calls.items():
       start = time.perf_counter()
       jax.block_until_ready(fn(x, r))

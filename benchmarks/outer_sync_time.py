@@ -15,6 +15,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import spardl_jax as sj
+from benchmarks.cli import add_progress
+from spardl_jax.tools.progress import bar
 
 
 def loss(p, c):
@@ -37,6 +39,7 @@ def main(argv=None) -> int:
                                    description=__doc__)
   parser.add_argument("--n", type=int, default=4_350_000)
   parser.add_argument("--steps", type=int, default=7)
+  add_progress(parser)
   args = parser.parse_args(argv)
   mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
   params = jax.device_put({"w": jnp.zeros((args.n,))}, NamedSharding(mesh, P()))
@@ -47,7 +50,7 @@ def main(argv=None) -> int:
     step = sj.data_parallel_step(loss, tx, mesh)
     p, state, _ = jax.block_until_ready(step(params, state, batch))
     seconds = []
-    for _ in range(args.steps):
+    for _ in bar(range(args.steps), desc=name, enabled=not args.no_progress):
       start = time.perf_counter()
       p, state, _ = jax.block_until_ready(step(p, state, batch))
       seconds.append(round(time.perf_counter() - start, 3))

@@ -30,7 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.cli import add_progress
 from spardl_jax import options
+from spardl_jax.tools.progress import bar
 
 __all__ = ['COLLECTIVES', 'batched', 'one_rank', 'measure', 'main']
 
@@ -136,16 +138,17 @@ def main(argv=None) -> int:
   parser.add_argument("--density", type=float, default=0.01)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--out", help="a JSON file for the rows")
+  add_progress(parser)
   args = parser.parse_args(argv)
   rows = []
   print(table([]))
-  for n in args.n:
-    for spec in args.methods.split(","):
-      rows.append(measure(spec, p=args.ranks, n=n, density=args.density, repeats=args.repeats))
-      print(table(rows[-1:]).splitlines()[-1], flush=True)
-      if args.out:  # after every row: a run stopped by its time limit keeps what it measured
-        with open(args.out, "w") as f:
-          json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+  jobs = [(n, spec) for n in args.n for spec in args.methods.split(",")]
+  for n, spec in bar(jobs, desc="methods", unit="method", enabled=not args.no_progress):
+    rows.append(measure(spec, p=args.ranks, n=n, density=args.density, repeats=args.repeats))
+    print(table(rows[-1:]).splitlines()[-1], flush=True)
+    if args.out:  # after every row: a run stopped by its time limit keeps what it measured
+      with open(args.out, "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=2)
   return 0 if all(r["same_result"] for r in rows) else 1
 
 

@@ -24,7 +24,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import spardl_jax as sj
 from benchmarks import runs as run_files
+from benchmarks.cli import add_progress
 from spardl_jax.tools import traffic
+from spardl_jax.tools.progress import bar
 
 AUTO = (jax.sharding.AxisType.Auto,) * 2
 SHAPES = {"w1": (512, 1024), "b1": (1024,), "w2": (1024, 512), "b2": (512,)}
@@ -82,6 +84,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="python -m benchmarks.sharded_step", description=__doc__)
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--out", help="write results.json and results.md here")
+  add_progress(parser)
   args = parser.parse_args(argv)
   rng = np.random.default_rng(1)
   x = rng.standard_normal((256, 512)).astype(np.float32)
@@ -99,7 +102,8 @@ def main(argv=None) -> int:
                   "gathered": gathered}
     print(f"{name}: permutes send {permuted:,} B/device; all-reduces over 1,024 entries "
           f"{reduced:,} B of operands; all-gathers {gathered:,} B")
-  for _ in range(args.steps + 2):  # interleaved; the first two are warm-up
+  for _ in bar(range(args.steps + 2), desc="rounds", unit="round",
+               enabled=not args.no_progress):  # interleaved; the first two warm up
     for name, (step, params, state, data) in runs.items():
       start = time.perf_counter()
       params, state, loss = jax.block_until_ready(step(params, state, *data))

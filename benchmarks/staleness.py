@@ -23,7 +23,8 @@ import sys
 
 import numpy as np
 
-from benchmarks.cli import comma_list, fraction
+from benchmarks.cli import add_progress, comma_list, fraction
+from spardl_jax.tools.progress import bar
 from tests import reference, reference_baselines
 
 __all__ = ['lag', 'main']
@@ -63,6 +64,7 @@ def main(argv=None) -> int:
                       default=["spardl", "topka"])
   parser.add_argument("--n", type=int, default=20_000)
   parser.add_argument("--steps", type=int, default=40)
+  add_progress(parser)
   args = parser.parse_args(argv)
   unknown = [m for m in args.methods if m not in METHODS]
   if unknown:
@@ -70,11 +72,11 @@ def main(argv=None) -> int:
   print(f"lag after {args.steps} syncs (n = {args.n:,}); nonzeros of the update")
   print("| method | density | " + " | ".join(f"P = {p}" for p in args.p) + " |")
   print("| --- | --- |" + " --- |" * len(args.p))
-  for method in args.methods:
-    for density in args.densities:
-      cells = [lag(method, p, density, n=args.n, steps=args.steps) for p in args.p]
-      print(f"| {method} | {density:g} | " + " | ".join(
-          f"{value:.3f} ({nz:,.0f})" for value, nz in cells) + " |")
+  cells_of = [(m, d) for m in args.methods for d in args.densities]
+  for method, density in bar(cells_of, desc="rows", unit="row", enabled=not args.no_progress):
+    cells = [lag(method, p, density, n=args.n, steps=args.steps) for p in args.p]
+    print(f"| {method} | {density:g} | " + " | ".join(
+        f"{value:.3f} ({nz:,.0f})" for value, nz in cells) + " |")
   return 0
 
 

@@ -25,6 +25,8 @@ import time
 import numpy as np
 
 from benchmarks import runs
+from benchmarks.cli import add_progress
+from spardl_jax.tools.progress import bar
 
 DENSITY = 0.01  # for every sparse method whose spec does not say otherwise
 # float32 copies of the parameters each device holds during a step: params, gradient,
@@ -48,6 +50,7 @@ def _parse_args(argv):
   p.add_argument("--steps", type=int, default=3, help="timed steps after the compiling one")
   p.add_argument("--max-memory-gb", type=float, default=16.0)
   p.add_argument("--out", default=None, help="directory for results.json and results.md")
+  add_progress(p)
   args = p.parse_args(argv)
   args.models = list(MODELS) if args.models == "all" else args.models.split(",")
   for name in args.models:
@@ -154,8 +157,6 @@ def main(argv=None) -> int:
   from train import simulate_devices
 
   simulate_devices(args.devices)
-  from tqdm import tqdm
-
   import models
   from models.registry import abstract_params
 
@@ -167,7 +168,8 @@ def main(argv=None) -> int:
           **runs.provenance()}
   rows: list[dict] = []
   jobs = [(n, s, m) for n in args.models for s in args.sizes for m in args.methods]
-  for name, size, method in tqdm(jobs, desc="configurations", unit="cfg", file=sys.stderr):
+  for name, size, method in bar(jobs, desc="configurations", unit="cfg",
+                                enabled=not args.no_progress):
     params = models.count(abstract_params(models.create(name, size), models.spec(name).example))
     need_gb = args.devices * params * 4 * COPIES / 2**30
     if need_gb > args.max_memory_gb:

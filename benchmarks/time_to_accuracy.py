@@ -45,7 +45,8 @@ import sys
 from typing import TypeVar
 
 from benchmarks import runs
-from benchmarks.cli import FRACTIONS, SEEDS
+from benchmarks.cli import FRACTIONS, SEEDS, add_progress
+from spardl_jax.tools.progress import bar
 from models.registry import SIZES
 from train import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT, POSITIVE_FLOAT, POSITIVE_INT,
                           parse_variants)
@@ -82,6 +83,7 @@ def _parse_args(argv):
   p.add_argument("--local", action="store_true",
                  help="processes on 127.0.0.1: no namespaces, no shaping, no root")
   p.add_argument("--out", default="tta_out")
+  add_progress(p)
   p.add_argument("--report", action="store_true",
                  help="train nothing: rewrite the report from --out's runs")
   p.add_argument("--dense-from", default=None, metavar="DIR",
@@ -146,16 +148,17 @@ def run_rates(args) -> None:
       raise SystemExit(f"the {rate} job of seed {seed} failed (exit {code}); see {log.name}")
     print(f"seed {seed}, {rate}: done", file=sys.stderr, flush=True)
 
+  shown = not args.no_progress
   if args.local:
-    for seed in args.seeds:
+    for seed in bar(args.seeds, desc="jobs", unit="job", enabled=shown):
       job(seed, "unshaped")
     return
   record_shaper(args.out, args.rates)
   with netbench.network(args.processes) as namespaces:
-    for seed in args.seeds:
-      for rate in args.rates:
-        netbench.shape(namespaces, rate)
-        job(seed, rate, **netbench.launch_where(namespaces))
+    jobs = [(seed, rate) for seed in args.seeds for rate in args.rates]
+    for seed, rate in bar(jobs, desc="jobs", unit="job", enabled=shown):
+      netbench.shape(namespaces, rate)
+      job(seed, rate, **netbench.launch_where(namespaces))
 
 
 def record_shaper(out: str, rates: list[str]) -> None:

@@ -24,6 +24,8 @@ import tarfile
 import tempfile
 import time
 
+from benchmarks.cli import add_progress
+from spardl_jax.tools.progress import bar
 from spardl_jax.tools.provenance import provenance
 
 _OLD = "spardl_then"  # the earlier library's package name in the run
@@ -75,7 +77,8 @@ def run(args) -> list[tuple[str, float]]:
       calls[f"{spec} ({label})"] = [piece("sharded", "collectives")(method, mesh),
                                     distributed.shard_rows(rows, mesh)]
   times: dict[str, list[float]] = {label: [] for label in calls}
-  for rounds in range(args.repeats + 1):  # the first round compiles and warms up
+  for rounds in bar(range(args.repeats + 1), desc="rounds", unit="round",
+                    enabled=not args.no_progress):  # the first compiles and warms up
     for label, call in calls.items():
       start = time.perf_counter()
       _, call[1] = jax.block_until_ready(call[0](x, call[1]))
@@ -94,6 +97,7 @@ def main(argv=None) -> int:
   parser.add_argument("--methods", default="spardl,dense,dense_bf16,topka,topkdsa,gtopk,oktopk")
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--out", help="a folder for versus.json (the medians) and versus.md")
+  add_progress(parser)
   args = parser.parse_args(argv)
   with tempfile.TemporaryDirectory() as folder:
     extract(args.against, folder)

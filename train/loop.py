@@ -6,15 +6,13 @@ progress."""
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from typing import NamedTuple
 
 import jax
 import numpy as np
-from tqdm import tqdm
-
 import spardl_jax as sj
+from spardl_jax.tools.progress import bar, shown
 
 __all__ = ['host', 'Position', 'Loop']
 
@@ -50,13 +48,18 @@ class Loop:
   Step times: a log interval's wall time is spread over its steps (dispatch runs ahead, so
   timing each call would only measure the dispatch); evaluations and checkpoint saves
   between intervals are left out.
+
+  Progress: a bar of the steps on a terminal (:mod:`spardl_jax.tools.progress`; ``nested``
+  under a sweep's bar of runs), advanced at each fetch; off a terminal only the compile and
+  epoch lines.
   """
 
-  def __init__(self, label: str, *, total: int, log_every: int, progress: bool):
+  def __init__(self, label: str, *, total: int, log_every: int, progress: bool,
+               nested: bool = False):
     self.label, self.total, self.log_every = label, total, log_every
-    self.interactive = progress and jax.process_index() == 0 and sys.stderr.isatty()
     self.logging = jax.process_index() == 0  # one process logs
-    self.quiet = not progress or not self.logging  # no bar or step lines
+    self.shown = shown(progress and self.logging)
+    self.nested = nested
     self.step_fn, self.bar = None, None
     self.pending, self.epoch_rows, self.times = [], [], []
     self.interval_start, self.done = None, 0
@@ -67,8 +70,8 @@ class Loop:
     self.step_fn = sj.bounded_dispatch(train.lower(state, batch).compile())
     self.compile_seconds = time.perf_counter() - start
     self.log(f"train step compiled in {self.compile_seconds:.1f} s")
-    if self.interactive:  # after the compile, so the bar's rate and ETA are real
-      self.bar = tqdm(total=self.total, desc=self.label, unit="step", leave=False)
+    if self.shown:  # after the compile, so the bar's rate and time left are real
+      self.bar = bar(total=self.total, desc=self.label, nested=self.nested)
     self.interval_start = time.perf_counter()
 
   def step(self, state, batch, epoch: int):
@@ -78,7 +81,7 @@ class Loop:
       self._drain(epoch)
     return state
 
-  def _drain(self, epoch: int, *, announce: bool = True) -> None:
+  def _drain(self, epoch: int) -> None:
     if not self.pending:
       return
     # Bytes: the first device's (the most any device sends, for gTopk's root).
@@ -93,8 +96,6 @@ class Loop:
     if self.bar is not None:
       self.bar.update(len(rows))
       self.bar.set_postfix(epoch=epoch, loss=f"{rows[-1, 0]:.3f}")
-    elif announce and not self.quiet:
-      log.info("%s: step %d/%d, loss %.4f", self.label, self.done, self.total, rows[-1, 0])
 
   def start_epoch(self, rows: list) -> None:
     """Starts an epoch's metrics, with the rows of steps a checkpoint already took."""
@@ -107,12 +108,12 @@ class Loop:
 
   def rows_so_far(self, epoch: int) -> np.ndarray:
     """This epoch's ``(steps, 3)`` metrics (loss, metric, bytes) up to now, fetched now."""
-    self._drain(epoch, announce=False)
+    self._drain(epoch)
     return np.concatenate(self.epoch_rows)
 
   def fetch(self, epoch: int) -> np.ndarray:
     """This epoch's ``(steps, 3)`` metrics, fetched now; the next epoch starts empty."""
-    self._drain(epoch, announce=False)  # the epoch's own line follows
+    self._drain(epoch)
     rows, self.epoch_rows = np.concatenate(self.epoch_rows), []
     return rows
 

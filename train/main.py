@@ -150,7 +150,8 @@ def _parse_args(argv):
                  help="with --checkpoint, also save every N train steps inside an epoch "
                       "(default: at epoch ends only)")
   p.add_argument("--no-progress", action="store_true",
-                 help="no progress bar or step lines (a bar appears only on a terminal)")
+                 help="no progress bar (one appears only on a terminal: steps done of the total, "
+                      "steps a second, time left)")
   p.add_argument("--debug", action="store_true",
                  help="on an error, print the full traceback instead of one line")
   p.add_argument("--distributed", action="store_true",

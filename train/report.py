@@ -99,12 +99,17 @@ def _summary(run: dict) -> tuple[str, float, float, float, float, float]:
 
 def format_table(runs: list[dict]) -> str:
   """Method, final/best test metric, test loss, bytes sent per step and device, time per
-  step, of ``metrics.json``'s ``runs``, as the trainer prints them."""
-  lines = [f"{'method':<32} {'test ' + runs[0]['metric']:>13} {'best':>7} {'test loss':>9} "
-           f"{'bytes/step':>12} {'ms/step':>8}"]
-  lines += [f"{label:<32} {final:>13.4f} {best:>7.4f} {loss:>9.4f} {sent:>12,.0f} {ms:>8.1f}"
-            for label, final, best, loss, sent, ms in map(_summary, runs)]
-  return "\n".join(lines)
+  step, of ``metrics.json``'s ``runs``, as the trainer prints them: each column as wide as
+  its widest cell or header, two spaces apart, the method's aligned left and the numbers'
+  right, so every header stands over its own column whatever the labels' lengths."""
+  metric = runs[0]["metric"]
+  header = ["method", f"test {metric}", f"best {metric}", "test loss", "bytes/step", "ms/step"]
+  rows = [[label, f"{final:.4f}", f"{best:.4f}", f"{loss:.4f}", f"{sent:,.0f}", f"{ms:.1f}"]
+          for label, final, best, loss, sent, ms in map(_summary, runs)]
+  widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+  return "\n".join("  ".join([row[0].ljust(widths[0])]
+                             + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])])
+                   for row in [header, *rows])
 
 
 def format_markdown(runs: list[dict]) -> str:

@@ -338,6 +338,7 @@ def check_variant(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
 
 def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
                        mesh: jax.sharding.Mesh, *, progress: bool = True,
+                       nested: bool = False,
                        checkpoint_dir: str | None = None) -> RunResult:
   """Trains ``cfg.model`` on ``ds`` with ``variant``'s gradient sync for ``cfg.epochs``.
 
@@ -349,6 +350,9 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
   at its step, so the resumed run is bit-identical to an uninterrupted one). A checkpoint
   written on another number of devices is restored with its residual mass redistributed
   (:func:`train.checkpoint.restore_latest`).
+
+  ``progress``: a bar of the steps on a terminal (``nested``: on the second line, under a
+  sweep's bar of runs); off a terminal, or False, only the compile and epoch lines.
   """
   from train import checkpoint
 
@@ -373,7 +377,7 @@ def train_and_evaluate(cfg: TrainConfig, variant: Variant, ds: data.Dataset,
     if at.done >= steps:  # an epoch-end checkpoint: start the next epoch
       at = Position.start(at.epoch + 1)
   loop = Loop(variant.label, total=(cfg.epochs - at.epoch + 1) * steps - at.done,
-               log_every=cfg.log_every, progress=progress)
+               log_every=cfg.log_every, progress=progress, nested=nested)
   sent = history[-1]["bytes_sent"] if history else 0.0
   clock = history[-1].get("train_seconds", 0.0) if history else 0.0
   for epoch in range(at.epoch, cfg.epochs + 1):

@@ -21,6 +21,7 @@ run() {  # out, then python -m train flags
 DILOCO="outer_lr=0.7:outer_momentum=0.9"
 STEP="outer_lr=1:outer_momentum=0.5"  # the outer step chosen on seed 0 ("step" below)
 LOCO="outer_lr=1:outer_momentum=0:decay=0.95"  # SparseLoCo's rule
+SPARSE="spardl:outer=30:density=0.1:wire=int8:$STEP"  # the sparse finalist, from "compress"
 case "${1:-}" in
   step)
     run step_h30_600/s0 --epochs 6 --islands 2 --seed 0 --compare "dense,\
@@ -38,6 +39,27 @@ topka:outer=30:density=0.03:$LOCO,dense:outer=30:fragments=3:$STEP,\
 dense:outer=30:overlap=1:$STEP"
     run muon_600/s0 --epochs 6 --islands 2 --seed 0 --optimizer muon --lr 0.02 --adam-lr 1e-3 \
         --compare "dense,dense:outer=30:$STEP"
+    ;;
+  finals)  # seed 0 of the 600-step finalists is compress_600/s0
+    for seed in 1 2; do
+      run finals_600/s$seed --epochs 6 --islands 2 --seed $seed --compare "\
+dense_bf16:outer=30:$STEP,dense_bf16:outer=50:$STEP,$SPARSE"
+    done
+    run recipe_600/s0 --epochs 6 --islands 2 --seed 0 --compare spardl
+    for seed in 0 1 2; do
+      run finals_2000/s$seed --epochs 20 --islands 2 --seed $seed --compare \
+          "dense_bf16:outer=50:$STEP"
+    done
+    ;;
+  count)
+    for m in 4 8; do
+      run count_600/m$m/s0 --epochs 6 --islands $m --seed 0 --compare "\
+dense_bf16:outer=30:$STEP,dense_bf16:outer=50:$STEP"
+    done
+    for seed in 1 2; do
+      run count_600/m4/s$seed --epochs 6 --islands 4 --seed $seed --compare \
+          "dense_bf16:outer=50:$STEP"
+    done
     ;;
   *) echo "usage: islands.sh step|compress|finals|count" >&2; exit 2 ;;
 esac

@@ -130,6 +130,9 @@ def _parse_args(argv):
   parser.add_argument("--out", help="directory for the rows (results.json), their tables "
                                     "(results.md) and modeled_time.png")
   parser.add_argument("--trace", help="directory for Perfetto traces")
+  parser.add_argument("--no-progress", action="store_true",
+                      help="no progress bar (drawn only on a terminal; SPARDL_PROGRESS=0 "
+                           "for every command)")
   args = parser.parse_args(argv)
   if args.repeats < 1:
     parser.error("--repeats must be >= 1")

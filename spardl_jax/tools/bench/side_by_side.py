@@ -5,7 +5,6 @@ time of one call, and the alpha-beta model's time on 10 Gbit/s Ethernet and Infi
 from __future__ import annotations
 
 import os
-import sys
 
 import jax
 from jax.sharding import NamedSharding
@@ -23,12 +22,12 @@ def run(args) -> list[dict]:
   """One row per (P, n, method variant): the rounds and bytes a device sends, read from the
   compiled HLO, beside the method's formula and the paper's Table 1; the median time of one
   call when its arrays fit in ``--max-memory-gb``; the alpha-beta modeled times."""
-  from tqdm import tqdm
+  from spardl_jax.tools.progress import bar
 
   rows = []
   axis = "data"
   jobs = [(p, n) for p in args.devices for n in args.n]
-  for p, n in tqdm(jobs, desc="configurations", unit="cfg", file=sys.stderr):
+  for p, n in bar(jobs, desc="configurations", unit="cfg", enabled=not args.no_progress):
     if len(jax.devices()) < p:
       raise SystemExit(f"--devices {p}: only {len(jax.devices())} devices available")
     mesh = jax.make_mesh((p,), (axis,), devices=jax.devices()[:p],
