@@ -67,10 +67,28 @@ def test_select_property(n, data):
     np.testing.assert_array_equal(positions, reference.topk_offsets(row, k))
 
 
-@pytest.mark.parametrize("backend,method", [("cpu", "count"), ("gpu", "radix"), ("tpu", "count")])
-def test_the_gpu_counts_by_radix_and_other_backends_by_bisection(monkeypatch, backend, method):
+@pytest.mark.parametrize("backend,method,short", [("cpu", "count", "sort"),
+                                                  ("gpu", "radix", "radix"),
+                                                  ("tpu", "count", "sort")])
+def test_the_gpu_counts_by_radix_and_other_backends_by_bisection(monkeypatch, backend, method,
+                                                                 short):
+  """Rows of at most 4,096 keys off the GPU take lax.top_k (25 operations to compile
+  against about 400, as fast there); longer rows the backend's own."""
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
   assert topk.default_method() == method
+  assert topk.default_method(4097) == method
+  assert topk.default_method(4096) == short
+
+
+def test_the_default_selection_of_short_rows_is_the_reference():
+  """What the default picks by row length gives the reference's positions either side of
+  the bound (ties included)."""
+  rng = np.random.default_rng(3)
+  for n in (topk.SORTED_UPTO, topk.SORTED_UPTO + 1):
+    rows = (rng.integers(-4, 4, (3, n)) / 3).astype(np.float32)
+    got = np.asarray(topk.select(topk.keys(jnp.asarray(rows)), 41))
+    for row, positions in zip(rows, got):
+      np.testing.assert_array_equal(positions, reference.topk_offsets(row, 41))
 
 
 def test_keys_order_like_magnitudes():
@@ -136,7 +154,8 @@ def test_kth_largest_in_chunks_is_the_kth_key(method):
 
 @pytest.mark.parametrize("method,teams", [("count", 1), ("radix", 1), ("radix", 2)])
 def test_the_compiled_sync_sorts_nothing(monkeypatch, method, teams):
-  """With the CPU's selection (count) and the GPU's (radix, forced here), SparDL's whole
+  """With the CPU's selection of long rows (count) and the GPU's (radix), forced here for
+  every row, SparDL's whole
   compiled sync, R-SAG across two teams included, holds no sort and no ``lax.top_k`` (XLA's
   TopK, which XLA:GPU turns into a sort of the whole row for a large ``k``): with
   ``method="sort"`` this check finds a TopK per selection. (B-SAG alone orders its ``kb``
@@ -147,7 +166,7 @@ def test_the_compiled_sync_sorts_nothing(monkeypatch, method, teams):
   from spardl_jax._src.sync import registry as methods
   from tests import harness
 
-  monkeypatch.setattr(topk, "default_method", lambda: method)
+  monkeypatch.setattr(topk, "default_method", lambda keys_per_row=None: method)
   p, n = 4, 40_000
   spardl = methods.make("spardl", density=0.01, teams=teams, sag="recursive")
   sharding = NamedSharding(harness.mesh(p), P(harness.AXIS))

@@ -49,14 +49,20 @@ _GROUPED_FROM = 1 << 14  # keys per row from which the grouped compaction pays
 Method = Literal["count", "radix", "sort"]
 METHODS = ("count", "radix", "sort")
 _RADIX_BITS = 4  # key bits a radix pass decides: 2**4 - 1 thresholds counted at once
+SORTED_UPTO = 4096  # keys per row up to which XLA:CPU's default is lax.top_k
 
 
-def default_method() -> Method:
+def default_method(keys_per_row: int | None = None) -> Method:
   """How :func:`select` finds the top k on the default backend: ``"radix"`` on GPUs,
   ``"count"`` elsewhere (XLA:CPU counts 15 thresholds per pass about 10x slower than one:
-  ``benchmarks/results/sync_methods.md``); every device of a job runs the same backend, so
-  all choose alike."""
-  return "radix" if jax.default_backend() == "gpu" else "count"
+  ``benchmarks/results/sync_methods.md``), except for rows of at most
+  :data:`SORTED_UPTO` keys on XLA:CPU, where ``"sort"`` (``lax.top_k``) runs as fast (within
+  0.2 ms a call) in a program of 25 operations instead of about 400, the top-k's share of
+  a small model's compile (``benchmarks/results/compile_time.md``). Every device of a job
+  runs the same backend and shapes, so all choose alike."""
+  if jax.default_backend() == "gpu":
+    return "radix"
+  return "sort" if keys_per_row is not None and keys_per_row <= SORTED_UPTO else "count"
 
 
 def chunk_size(m: int, kb: int, *, method: Method | None = None) -> int:
@@ -88,7 +94,7 @@ def keys(values: jax.Array) -> jax.Array:
 
 def kth_largest(k_: jax.Array, k: int, *, method: Method | None = None) -> jax.Array:
   """``(L,)``: the ``k``-th largest key of each row of ``k_`` ``(L, N)`` (exact)."""
-  method = method or default_method()
+  method = method or default_method(k_.shape[-1])
   if method == "radix":
     return _kth_largest_radix(k_, k)
   if method == "sort":
@@ -239,7 +245,7 @@ def select(k_: jax.Array, k: int, *, method: Method | None = None) -> jax.Array:
   Returns:
     ``(L, k)`` int32 positions in ascending order.
   """
-  method = method or default_method()
+  method = method or default_method(k_.shape[-1])
   if method == "sort":
     # The keys are the bits of non-negative float32s: as floats they order alike (NaN above
     # inf, as lax.top_k ranks it), and XLA's TopK is fast for floats but not for int32.

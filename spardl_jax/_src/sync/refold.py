@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from spardl_jax._src.core import protocol
@@ -126,6 +127,11 @@ def _fold(rule: str, saved: np.ndarray, like: jax.Array, path: str,
   return out.reshape(-1, *saved.shape[1:]).astype(saved.dtype)
 
 
+@jax.jit
+def _non_finite(leaf: jax.Array) -> jax.Array:
+  return jnp.sum(~jnp.isfinite(leaf))
+
+
 def _check_rows(plan, like_leaves, like_paths, rules) -> None:
   """Before anything is built: every per-device leaf agrees on the device count it was
   saved on (a leaf cut to 7 rows beside others of 8 is no state of 7 devices), and none that
@@ -144,9 +150,12 @@ def _check_rows(plan, like_leaves, like_paths, rules) -> None:
   for (leaf, _), like_leaf, path, rule in zip(plan, like_leaves, like_paths, rules):
     if not _per_device(like_leaf) or rule == protocol.FRESH:
       continue
-    values = np.asarray(leaf)
-    bad = int(np.size(values) - np.isfinite(values).sum()) if np.issubdtype(
-        values.dtype, np.inexact) else 0
+    if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+      continue
+    # A global array of a multi-process job is counted by every process together (each
+    # holds only its own rows), so all reach the same verdict.
+    bad = int(_non_finite(leaf) if isinstance(leaf, jax.Array) else
+              np.size(leaf) - np.isfinite(leaf).sum())
     if bad:
       raise RefoldError(f"refold: leaf {path} holds {bad} non-finite entries (NaN or inf); "
                         f"folded, they would reach every device's rows and every sync after "
