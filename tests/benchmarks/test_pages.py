@@ -5,12 +5,15 @@ formulas). A page typed by hand, or a report edited after it was written, fails 
 
 import contextlib
 import dataclasses
+import functools
 import glob
 import io
 import json
 import os
+import pathlib
 import re
 import subprocess
+import tempfile
 
 import pytest
 
@@ -308,10 +311,17 @@ def test_a_convergence_report_re_renders_from_its_raw_file(folder, tmp_path):
   assert _convergence_report(folder, tmp_path) == _read(os.path.join(folder, "results.md"))
 
 
-def _rendered_reports(tmp):
+@functools.cache
+def _rendered_reports() -> tuple[str, ...]:
   """Every report a page may copy a table from, rendered now from its raw files (the tests
   above hold each to the file beside it): a page's copy is held to the raw files, never to
-  a report that could have been edited with it."""
+  a report that could have been edited with it. Rendered once per test process: the tests
+  that read it share one (``xdist_group``)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    return tuple(_render_reports(pathlib.Path(tmp)))
+
+
+def _render_reports(tmp):
   from benchmarks import overlap, time_to_accuracy, versus
   from train import report
   texts = [_read(os.path.join(RESULTS, "scale", "paper_compare.md"))]  # held above
@@ -372,6 +382,9 @@ def _rendered_reports(tmp):
   return texts
 
 
+PAGE_READERS = pytest.mark.xdist_group("rendered reports")
+
+
 # The cost model's validations: (the raw file, its report, python -m benchmarks.project's
 # flags), as benchmarks/scripts/network_paced.sh ran them.
 VALIDATIONS = (
@@ -413,6 +426,7 @@ def test_a_cost_model_validation_re_renders_from_its_raw_file(raw, md, flags):
 
 PAGES = sorted(glob.glob(os.path.join(RESULTS, "*.md")))
 RENDERED_BY = re.compile(r"<!-- rendered: python -m benchmarks\.(convergence|scale) (.+?) -->")
+@PAGE_READERS
 @pytest.mark.parametrize("page", PAGES, ids=os.path.basename)
 def test_every_table_of_a_page_is_rendered_from_raw_files(page, tmp_path, monkeypatch, capsys):
   """A table after a ``<!-- rendered: python -m benchmarks.DRIVER ARGS -->`` comment
@@ -422,7 +436,7 @@ def test_every_table_of_a_page_is_rendered_from_raw_files(page, tmp_path, monkey
   table typed by hand fails."""
   from benchmarks import convergence
   monkeypatch.chdir(ROOT)
-  reports = {t for text in _rendered_reports(tmp_path) for t in _tables(text)}
+  reports = {t for text in _rendered_reports() for t in _tables(text)}
   text, typed = _read(page), []
   for i, match in enumerate(re.finditer(r"(?:^\|.*\n)+", text, re.M)):
     table = match.group(0).strip()
@@ -553,8 +567,9 @@ UNHELD = {
 }
 
 
-def test_every_prose_figure_of_a_page_is_in_its_tables_or_reports(tmp_path):
-  rendered = "\n".join(_rendered_reports(tmp_path))
+@PAGE_READERS
+def test_every_prose_figure_of_a_page_is_in_its_tables_or_reports():
+  rendered = "\n".join(_rendered_reports())
   wrong, stale = {}, {}
   for page in PAGES:
     name = os.path.basename(page)
