@@ -6,15 +6,16 @@ and nowhere else, so a log file or a test's captured output gets no carriage-ret
 does the same for one command). A bar nested under another (a run's steps under the runs of
 a sweep) takes the second line and clears itself when its work ends.
 
-Example::
+Off a terminal (here) the bar passes its items through and draws nothing:
 
-  from spardl_jax.tools.progress import bar
-
-  for run in bar(runs, desc="runs", unit="run"):
-    with bar(total=run.steps, desc=run.name, nested=True) as steps:
-      for _ in range(run.steps):
-        ...
-        steps.update()
+>>> from spardl_jax.tools.progress import bar
+>>> done = 0
+>>> for step in bar(range(3), desc="steps"):
+...   done += 1
+>>> with bar(total=5, desc="run", nested=True) as steps:
+...   steps.update(5)
+>>> done
+3
 """
 
 from __future__ import annotations
