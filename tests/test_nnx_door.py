@@ -119,3 +119,26 @@ def test_below_density_one_each_step_is_the_syncs_numpy_model():
     np.testing.assert_allclose(got, flat, rtol=1e-5, atol=1e-6)
   kernel = nnx.state(model, nnx.Param)["l1"]["kernel"][...]
   assert kernel.sharding.is_fully_replicated
+
+
+def test_the_step_compiles_once(caplog):
+  """A model and optimizer built off the mesh are put where the step leaves them before its
+  first call, so the second call runs the first call's program (it compiled twice before,
+  doubling an NNX program's wait)."""
+  mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])
+  model = MLP(nnx.Rngs(0))
+  optimizer = sj.nnx.Optimizer(model, optax.chain(sj.spardl(density=0.3), optax.sgd(0.1)),
+                               mesh, wrt=nnx.Param)
+
+  @sj.nnx.data_parallel(mesh)
+  def counted_step(model, optimizer, x, y):
+    loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+    optimizer.update(model, grads)
+    return loss
+
+  with jax.log_compiles(True), caplog.at_level("WARNING"):
+    for x, y in batches(3):
+      counted_step(model, optimizer, x, y)
+  compiled = [r for r in caplog.records if "Finished XLA compilation" in r.getMessage()
+              and "local" in r.getMessage()]
+  assert len(compiled) == 1, [r.getMessage() for r in compiled]

@@ -7,6 +7,7 @@ the sync's rows one per device) and its step's decorator (:func:`data_parallel` 
 from __future__ import annotations
 
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,26 @@ def _spec(node, axis_name: str):
   if isinstance(node, jax.Array | np.ndarray) and np.ndim(node) >= 1:
     return PartitionSpec(axis_name)
   return PartitionSpec()
+
+
+def _place(node, spec, mesh: jax.sharding.Mesh) -> None:
+  """Puts a graph node's arrays that are not yet on ``mesh`` where the step leaves them
+  (replicated, or the sync's rows over the data axis), so the step's first call and every
+  later one take the same shardings and it compiles once (a model built on one device
+  would otherwise compile the step a second time, for its own outputs)."""
+  def on_mesh(x) -> bool:  # a model sharded over other axes keeps its layout
+    return isinstance(getattr(x, "sharding", None), NamedSharding) and x.sharding.mesh == mesh
+
+  def put(state, partition):
+    return jax.tree.map(lambda x: x if on_mesh(x) else jax.device_put(
+        x, NamedSharding(mesh, partition)), state)
+
+  if isinstance(spec, nnx.StateSharding):
+    rows_filter, rows, rest = spec.filters[0], *spec.shardings  # as _spec builds it
+    row_state, rest_state = nnx.state(node, rows_filter, ...)
+    nnx.update(node, put(row_state, rows), put(rest_state, rest))
+  else:
+    nnx.update(node, put(nnx.state(node), spec))
 
 
 def _reduced(out, axis_name: str):
@@ -126,12 +147,18 @@ def data_parallel(mesh: jax.sharding.Mesh, *, axis_name: str = "data"):
                                    out_specs=PartitionSpec(), axis_names={axis_name},
                                    check_vma=False))
 
+    placed = weakref.WeakSet()
+
     @functools.wraps(fn)
     def step(*args):
       specs = tuple(_spec(a, axis_name) for a in args)
       key = tuple(type(a) for a in args)
       if key not in compiled:
         compiled[key] = traced(specs)
+      for node, spec in zip(args, specs):
+        if isinstance(node, nnx.Pytree) and node not in placed:
+          _place(node, spec, mesh)
+          placed.add(node)
       split = PartitionSpec(axis_name)
       args = tuple(jax.device_put(a, NamedSharding(mesh, split))
                    if isinstance(s, PartitionSpec) and s == split else a
