@@ -318,6 +318,9 @@ def _parse_args(argv):
                  help="every case's steps between evaluations (default: each case's own)")
   p.add_argument("--out", default="convergence_out")
   add_progress(p)
+  p.add_argument("--no-plot", action="store_true",
+                 help="write results.json and results.md only (no convergence.png: a report "
+                      "re-rendered for its tables)")
   p.add_argument("--report", default=None, metavar="DIR[,DIR...]",
                  help="train nothing: write the table and plot of earlier runs' "
                       "results.json files (e.g. one run per case, or more seeds of a variant) "
@@ -704,10 +707,10 @@ def plot(path: str, rows: list[Row]) -> None:
 
 
 def write(out: str, by_target: list[list[Row]], meta: dict, goals: Goals | None = None,
-          judge=()) -> str:
-  """``results.json``, ``results.md`` and ``convergence.png`` under ``out`` from the rows at
-  each target (the first target's rows saved and plotted; with ``goals``, the ``judge``
-  variants judged at it); returns the tables."""
+          judge=(), *, plotted: bool = True) -> str:
+  """``results.json``, ``results.md`` and (``plotted``) ``convergence.png`` under ``out``
+  from the rows at each target (the first target's rows saved and plotted; with ``goals``,
+  the ``judge`` variants judged at it); returns the tables."""
   rows = by_target[0]
   table = (format_table(rows)
            + ("\n\n" + targets_table(by_target) if len(by_target) > 1 else "")
@@ -719,7 +722,8 @@ def write(out: str, by_target: list[list[Row]], meta: dict, goals: Goals | None 
     json.dump({**meta, "rows": [r.to_json() for r in rows]}, f, indent=2)
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write(table + "\n")
-  plot(os.path.join(out, "convergence.png"), rows)
+  if plotted:
+    plot(os.path.join(out, "convergence.png"), rows)
   return table
 
 
@@ -765,7 +769,8 @@ def run(args) -> int:
     print(write(args.out, [[row for case, found in runs_of.items()
                             for row in rows_at(case, {"dense": found["dense"], **found},
                                                target, args.on)]
-                           for target in args.target], meta, args.goals, args.judge))
+                           for target in args.target], meta, args.goals, args.judge,
+                plotted=not args.no_plot))
     return 0
   from spardl_jax.tools.progress import bar
   from train import data, input_pipeline
@@ -833,7 +838,8 @@ def run(args) -> int:
     return 0
   print(write(args.out, [[row for case, r in results.items()
                           for row in summarize(case, r["runs"], r["steps"], target, args.on)]
-                         for target in args.target], meta, args.goals, args.judge))
+                         for target in args.target], meta, args.goals, args.judge,
+              plotted=not args.no_plot))
   return 0
 
 
