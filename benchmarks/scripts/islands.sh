@@ -6,7 +6,9 @@
 # its metrics already, so a long sequence keeps what finished.
 #   islands.sh step      the outer step (Nesterov lr, momentum) and H on seed 0, 600 steps
 #   islands.sh compress  the outer syncs at the chosen step, seed 0, 600 steps
-#   islands.sh finals    the finalists on three seeds at 600 and 2,000 steps
+#   islands.sh finals    the finalists on three seeds at 600 steps (seed 0: compress), two
+#                        sparse syncs under 1/1,000 of the bytes, the every-step recipe
+#                        across islands, and the 1/100 finalist on three seeds at 2,000
 #   islands.sh count     4 and 8 islands at 600 steps
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,7 +23,7 @@ run() {  # out, then python -m train flags
 DILOCO="outer_lr=0.7:outer_momentum=0.9"
 STEP="outer_lr=1:outer_momentum=0.5"  # the outer step chosen on seed 0 ("step" below)
 LOCO="outer_lr=1:outer_momentum=0:decay=0.95"  # SparseLoCo's rule
-SPARSE="spardl:outer=30:density=0.1:wire=int8:$STEP"  # the sparse finalist, from "compress"
+SPARSE="spardl:outer=10:density=0.03:wire=int4:$STEP"  # the sparse finalist, from "compress"
 case "${1:-}" in
   step)
     run step_h30_600/s0 --epochs 6 --islands 2 --seed 0 --compare "dense,\
@@ -45,6 +47,8 @@ dense:outer=30:overlap=1:$STEP"
       run finals_600/s$seed --epochs 6 --islands 2 --seed $seed --compare "\
 dense_bf16:outer=30:$STEP,dense_bf16:outer=50:$STEP,$SPARSE"
     done
+    run sparse_600/s0 --epochs 6 --islands 2 --seed 0 --compare "\
+spardl:outer=20:density=0.03:wire=int4:$STEP,spardl:outer=100:density=0.1:wire=int8:$STEP"
     run recipe_600/s0 --epochs 6 --islands 2 --seed 0 --compare spardl
     for seed in 0 1 2; do
       run finals_2000/s$seed --epochs 20 --islands 2 --seed $seed --compare \
