@@ -8,7 +8,8 @@
 #   islands.sh compress  the outer syncs at the chosen step, seed 0, 600 steps
 #   islands.sh finals    the finalists on three seeds at 600 steps (seed 0: compress), two
 #                        sparse syncs under 1/1,000 of the bytes, the every-step recipe
-#                        across islands, and the 1/100 finalist on three seeds at 2,000
+#                        across islands
+#   islands.sh long      the 1/100 finalist on three seeds at 2,000 steps
 #   islands.sh count     4 and 8 islands at 600 steps
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,6 +51,8 @@ dense_bf16:outer=30:$STEP,dense_bf16:outer=50:$STEP,$SPARSE"
     run sparse_600/s0 --epochs 6 --islands 2 --seed 0 --compare "\
 spardl:outer=20:density=0.03:wire=int4:$STEP,spardl:outer=100:density=0.1:wire=int8:$STEP"
     run recipe_600/s0 --epochs 6 --islands 2 --seed 0 --compare spardl
+    ;;
+  long)
     for seed in 0 1 2; do
       run finals_2000/s$seed --epochs 20 --islands 2 --seed $seed --compare \
           "dense_bf16:outer=50:$STEP"
@@ -65,5 +68,5 @@ dense_bf16:outer=30:$STEP,dense_bf16:outer=50:$STEP"
           "dense_bf16:outer=50:$STEP"
     done
     ;;
-  *) echo "usage: islands.sh step|compress|finals|count" >&2; exit 2 ;;
+  *) echo "usage: islands.sh step|compress|finals|count|long" >&2; exit 2 ;;
 esac
