@@ -67,9 +67,12 @@ def _free_compiled_programs():
 # The longest tests start first, so that the two xdist workers end together instead of one
 # waiting while the other runs a 30-second test last (longest-first scheduling). The files
 # are the slowest of `pytest --durations=0` (docs/testing.md); the order of the rest is kept.
-SLOW_FIRST = ("tests/parallel/test_multiprocess.py", "tests/core/test_default_codegen.py",
-              "tests/core/test_properties.py", "tests/benchmarks/test_time_to_accuracy.py",
-              "tests/parallel/test_dispatch.py", "tests/trainer/test_train.py")
+SLOW_FIRST = ("tests/parallel/test_multiprocess.py", "tests/benchmarks/test_pages.py",
+              "tests/test_flax_user.py", "tests/test_readme.py",
+              "tests/core/test_default_codegen.py", "tests/benchmarks/test_time_to_accuracy.py",
+              "tests/parallel/test_dispatch.py", "tests/test_nnx_door.py",
+              "tests/trainer/test_train.py", "tests/benchmarks/test_drivers.py",
+              "tests/core/test_properties.py")
 
 
 def pytest_collection_modifyitems(config, items):

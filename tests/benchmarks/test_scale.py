@@ -116,6 +116,7 @@ def test_steps_against_p_without_a_projection(runs, capsys):
   assert "| 8 | 0.965, 0 B | 0.960, 0 B | 0.960, 0 B | 0.700, 0 B |  |" in out
   with pytest.raises(SystemExit):
     scale.main(["--runs", str(runs), "--projection", str(runs)])
+  assert "--projection needs --model" in capsys.readouterr().err
 
 
 def test_several_targets_add_each_variants_steps_to_each(runs, capsys):

@@ -142,7 +142,7 @@ def test_a_dead_rank_stops_the_job_quickly(tmp_path):
   assert "rank 1 exited with 3" in log
 
 
-def test_launcher_timeout_and_usage():
+def test_launcher_timeout_and_usage(capsys):
   out = io.StringIO()
   start = time.monotonic()
   code = launch.launch([sys.executable, "-c", "import time; time.sleep(60)"], processes=2,
@@ -152,6 +152,8 @@ def test_launcher_timeout_and_usage():
   for bad in ("nan", "-1", "0", "inf"):  # no timeout at all, or every rank killed at once
     with pytest.raises(SystemExit):
       launch.main(["--processes", "1", "--timeout", bad, "--", "true"])
+    assert f"--timeout must be a positive, finite number of seconds, got {bad}" in (
+        capsys.readouterr().err)
   with pytest.raises(ValueError, match="timeout must be a positive, finite"):
     launch.launch(["true"], processes=1, timeout=float("nan"))
 

@@ -31,7 +31,22 @@ def test_synced_adamw_checks_its_options(kwargs, match):
 
 
 def test_synced_adamw_takes_a_schedule():
-  sj.synced_adamw(optax.cosine_decay_schedule(1e-3, 100), warmup_steps=10)
+  """The schedule is read at each step: one that is 0 at step 0 and 1e-2 after leaves the
+  parameters where they are at the first step and moves them at the second."""
+  mesh = harness.mesh(8)
+  x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+  params = {"w": jnp.zeros((4, 2))}  # a matrix: the sync's (1-D leaves go dense)
+
+  def loss_fn(params, x):
+    return jnp.mean((x @ params["w"] - x[:, :2]) ** 2)
+
+  tx = sj.synced_adamw(lambda count: jnp.where(count < 1, 0.0, 1e-2), warmup_steps=10)
+  state = sj.init_opt_state(tx, params, mesh)
+  step = sj.data_parallel_step(loss_fn, tx, mesh)
+  first, state, _ = step(params, state, x)
+  second, _, _ = step(first, state, x)
+  np.testing.assert_array_equal(first["w"], np.zeros((4, 2)))
+  assert np.all(np.asarray(second["w"]) != 0)
 
 
 @pytest.mark.parametrize("sync, match", [
